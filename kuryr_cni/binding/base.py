@@ -1,0 +1,118 @@
+"""The one small base every binding driver implements.
+
+A driver turns one VIF (:class:`kuryr_cni.vif.VIF`) into one interface of
+one sandbox (:class:`Plug`) and back: :meth:`Driver.connect`,
+:meth:`Driver.disconnect`, :meth:`Driver.check`. Drivers hold no state
+between calls except their configuration, so one instance serves every
+thread of a worker. They reach namespaces only through
+:mod:`kuryr_cni.netns`, and they judge ownership of host-side devices only by
+the owner tag (:mod:`kuryr_cni.binding.owner_tag`), never by pod name.
+Drivers know nothing of pods, registries or the CNI protocol.
+
+Failure behaviour, common to every driver:
+
+- A request the kernel refuses becomes :class:`errors.BindingFailed` (code
+  101) whose ``details`` hold the netlink error (number, text and the
+  kernel's extended-ack message when it sent one): see :func:`kernel_errors`.
+- A netlink request left unanswered raises
+  :class:`kuryr_cni.netns.NetlinkTimeout` (code 11, try again later).
+- A pod namespace path that is not a network namespace, or is the host's,
+  raises :class:`errors.InvalidEnvironment` (code 4) before any netlink
+  request is sent.
+"""
+
+import abc
+import contextlib
+import dataclasses
+import os
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from kuryr_cni import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class Plug:
+    """One interface of one sandbox: where it goes and who owns it."""
+
+    container_id: str
+    netns: str              # path of the pod's network namespace
+    ifname: str             # name inside the pod
+    default_route: bool     # put the VIF's default gateway route here
+
+
+class Driver(abc.ABC):
+    """Connects VIFs of one ``kind`` to sandboxes.
+
+    ``host_netns`` is the namespace holding the host side (bridges, host
+    ends of veth pairs): None means the daemon's own; tests pass a throwaway
+    namespace instead.
+    """
+
+    kind = None
+    host_side = False   # whether it makes host-side devices tagged with their owner
+
+    def __init__(self, host_netns=None):
+        self.host_netns = host_netns
+
+    def __repr__(self):
+        return '<%s host_netns=%s>' % (type(self).__name__, self.host_netns or 'own')
+
+    @abc.abstractmethod
+    def connect(self, vif, plug):
+        """Create and configure the plug's interface from ``vif``.
+
+        Idempotent for the same plug: whatever this plug (same container ID
+        and ifname) left before, complete or half made, is replaced, so a
+        retried ADD converges on one working interface. Devices owned by
+        anyone else are never touched. When a step fails, everything this
+        call created is removed before the error is raised (shared
+        infrastructure such as a bridge it had to create stays).
+        """
+
+    @abc.abstractmethod
+    def disconnect(self, plug):
+        """Remove this plug's devices.
+
+        Host-side devices are found by their owner tag and removed only when
+        the tag names this plug; the pod side is removed inside the plug's
+        namespace. A namespace or device that is already gone is not an
+        error, so repeating the call succeeds. Raises only when the kernel
+        refuses a removal (BindingFailed) or the namespace path is invalid.
+        """
+
+    @abc.abstractmethod
+    def check(self, vif, plug):
+        """Raise :class:`errors.CheckFailed` listing how the plug differs from ``vif``.
+
+        Returns None when everything the driver configured is still in place.
+        Changes nothing.
+        """
+
+
+@contextlib.contextmanager
+def kernel_errors(action):
+    """Turn a kernel refusal raised in the block into :class:`errors.BindingFailed`.
+
+    ``action`` says what was being done ("create veth kc1234 in ...");
+    the netlink or OS error goes into ``details``. CNI errors (timeouts,
+    invalid namespaces) pass through unchanged.
+    """
+    try:
+        yield
+    except errors.CNIError:
+        raise
+    except (NetlinkError, OSError) as exc:
+        raise errors.BindingFailed('failed to %s' % action, describe(exc)) from exc
+
+
+def describe(exc):
+    """The error number and text of a netlink or OS error, for ``details``."""
+    if isinstance(exc, NetlinkError):
+        name = os.strerror(exc.code)
+        text = exc.args[1] if len(exc.args) > 1 else None
+        extra = ': %s' % text if text and text != name else ''
+        return 'netlink error %d (%s)%s' % (exc.code, name, extra)
+    if isinstance(exc, OSError) and exc.errno:
+        return 'error %d (%s)' % (exc.errno, exc.strerror or os.strerror(exc.errno))
+    return str(exc)

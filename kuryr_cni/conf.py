@@ -1,0 +1,96 @@
+"""Every configuration option of the daemon, and nothing else.
+
+Options are registered explicitly by :func:`register` (never at import time), and
+listed for oslo-config-generator by :func:`list_opts` (the ``oslo.config.opts``
+entry point).
+"""
+
+import socket
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+cni_daemon_opts = [
+    cfg.StrOpt('node_name', default=socket.gethostname(), sample_default='<hostname>',
+               help='Name of this node as Kubernetes knows it; only pods with '
+                    'spec.nodeName equal to it are watched.'),
+    cfg.StrOpt('socket', default='/run/kuryr-cni/daemon.sock',
+               help='Unix socket the CNI shim talks to. Its directory is created '
+                    '0700 and the socket 0600; both must belong to root.'),
+    cfg.StrOpt('bind_address', default=None,
+               help='Optional extra TCP listener, "127.0.0.1:5036" style. Off '
+                    'by default; only loopback addresses are accepted.'),
+    cfg.IntOpt('worker_count', default=4, min=1, max=64,
+               help='Number of pre-forked CNI worker processes.'),
+    cfg.IntOpt('worker_concurrency', default=32, min=1, max=1024,
+               help='Requests one worker serves at once; further connections '
+                    'wait in the listen backlog for a free worker.'),
+    cfg.IntOpt('vif_timeout', default=60, min=1, max=600,
+               help='Seconds an ADD waits for its pod and every VIF of it to be '
+                    'present and active before failing with CNI code 11.'),
+    cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
+               help='Deadline of one CNI request inside the daemon, in seconds. '
+                    'Keep it under the shim\'s "timeout" (110) and kubelet\'s 120.'),
+    cfg.StrOpt('state_dir', default='/var/lib/kuryr-cni',
+               help='Where pod bindings, per-pod lock files and the shim\'s DEL '
+                    'queue live. Must match the CNI config\'s "state_dir".'),
+    cfg.StrOpt('vif_source', default='annotation', choices=['annotation', 'kuryrport'],
+               help='Where pod VIFs come from: the kuryr.openstack.org/vifs pod '
+                    'annotation, or KuryrPort custom resources.'),
+]
+
+kubernetes_opts = [
+    cfg.StrOpt('api_root', default=None,
+               help='Kubernetes API URL, e.g. https://10.0.0.1:6443. When neither '
+                    'this nor kubeconfig is set, in-cluster configuration is used.'),
+    cfg.StrOpt('kubeconfig', default=None, help='Path of a kubeconfig file.'),
+    cfg.StrOpt('token_file', default=None, help='File holding the bearer token.'),
+    cfg.StrOpt('ca_file', default=None, help='CA bundle to verify the API server.'),
+    cfg.IntOpt('watch_timeout', default=300, min=10, max=3600,
+               help='Seconds after which the API server ends a watch, which is '
+                    'then resumed from the last resourceVersion.'),
+]
+
+binding_opts = [
+    cfg.StrOpt('ovsdb_connection', default='unix:/run/openvswitch/db.sock',
+               help='OVSDB server connection used by the ovs binding.'),
+    cfg.StrOpt('link_iface', default=None,
+               help='Default parent interface of vlan and macvlan VIFs that name none.'),
+]
+
+health_opts = [
+    cfg.HostAddressOpt('host', default='0.0.0.0', help='Address of /alive and /ready.'),
+    cfg.PortOpt('port', default=8090, help='Port of /alive and /ready.'),
+]
+
+prometheus_opts = [
+    cfg.HostAddressOpt('host', default='0.0.0.0', help='Address of /metrics.'),
+    cfg.PortOpt('port', default=9655, help='Port of /metrics.'),
+]
+
+_GROUPS = (
+    ('cni_daemon', cni_daemon_opts),
+    ('kubernetes', kubernetes_opts),
+    ('binding', binding_opts),
+    ('health', health_opts),
+    ('prometheus', prometheus_opts),
+)
+
+
+def list_opts():
+    return [(group, list(opts)) for group, opts in _GROUPS]
+
+
+def register(conf):
+    """Register every option on ``conf`` (logging's included)."""
+    logging.register_options(conf)
+    for group, opts in _GROUPS:
+        conf.register_opts(opts, group=group)
+    return conf
+
+
+def load(argv, conf=None):
+    """Parse ``argv`` (without the program name) into a fresh ConfigOpts."""
+    conf = register(conf or cfg.ConfigOpts())
+    conf(argv, project='kuryr-cni', prog='kuryr-cni-daemon')
+    return conf

@@ -1,0 +1,173 @@
+"""The daemon's CNI API (DESIGN §4.2): HTTP paths to ownership operations.
+
+This is the one place where errors become CNI error JSON: everything below
+raises :mod:`kuryr_cni.errors`; anything else is logged with its traceback and
+answered as an internal error. Every request is counted and timed here.
+"""
+
+import json
+import time
+
+from oslo_log import log as logging
+
+from kuryr_cni import errors
+from kuryr_cni import metrics
+from kuryr_cni.cni import request as cni_request
+from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import server
+
+LOG = logging.getLogger(__name__)
+
+ROUTES = {
+    '/addNetwork': 'ADD',
+    '/delNetwork': 'DEL',
+    '/checkNetwork': 'CHECK',
+    '/gc': 'GC',
+    '/status': 'STATUS',
+}
+_VALID_ATTACHMENTS_KEYS = ('cni.dev/valid-attachments', 'cni.dev/attachments')
+
+
+class CNIApp:
+    """Answer one CNI request: ``handle(path, raw_body) -> (http status, bytes)``."""
+
+    def __init__(self, ownership, registry, request_timeout):
+        self.ownership = ownership
+        self.registry = registry
+        self.request_timeout = request_timeout
+
+    def handle(self, path, raw_body):
+        command = ROUTES.get(path)
+        started = time.monotonic()
+        body = None
+        outcome = 'error'
+        metrics.in_flight(1)
+        try:
+            if command is None:
+                raise errors.InvalidEnvironment('unknown path %s' % path)
+            body = cni_request.decode(raw_body)
+            req = cni_request.parse(body, command)
+            outcome, result = self.dispatch(req, started + self.request_timeout)
+            if result is None:
+                return 204, b''
+            return 200, json.dumps(result).encode()
+        except errors.CNIError as exc:
+            log = LOG.warning if exc.retry else LOG.info
+            log('%s failed: %s (%s)', command, exc.msg, exc.details)
+            return exc.http_status, _error_json(exc, body)
+        except (ConnectionError, EOFError) as exc:
+            # The registry Manager is gone; the supervisor restarts the daemon.
+            LOG.error('%s failed: registry unavailable: %s', command, exc)
+            return 503, _error_json(errors.TryAgainLater('daemon registry unavailable'), body)
+        except Exception as exc:
+            LOG.exception('%s failed unexpectedly', command)
+            return 500, _error_json(errors.CNIError('internal error', repr(exc)), body)
+        finally:
+            metrics.in_flight(-1)
+            metrics.observe_request(command or 'unknown', outcome, time.monotonic() - started)
+
+    def dispatch(self, req, deadline):
+        """Run ``req``; returns ``(outcome, result or None)``."""
+        if req.command == 'ADD':
+            return 'success', self.ownership.add(req, deadline)
+        if req.command == 'DEL':
+            return self.ownership.delete(req, deadline), None
+        if req.command == 'CHECK':
+            self.ownership.check(req, deadline)
+            return 'success', None
+        if req.command == 'GC':
+            return self._gc(req, deadline), None
+        self._status()
+        return 'success', None
+
+    def _status(self):
+        if not self.registry.is_synced():
+            raise errors.PluginNotAvailable('the pod watcher has not synced with the API server')
+
+    def _gc(self, req, deadline):
+        valid = _valid_attachments(req.config)
+        if valid is None:
+            return 'noop'     # a missing key is not an empty list: collect nothing
+        for pod_key, container_id, ifname in self.ownership.stale_attachments(
+                req.network, valid, max_add_age=self.request_timeout):
+            namespace, _, name = pod_key.partition('/')
+            self.ownership.delete(cni_request.Request(
+                command='DEL', cni_version=req.cni_version, network=req.network,
+                container_id=container_id, netns=None, ifname=ifname,
+                pod=cni_request.PodRef(namespace, name), config=req.config), deadline)
+        return 'success'
+
+
+class InspectApp:
+    """Read-only views for ``kuryr-cni-ctl``: ``inspect(path) -> (status, object)``."""
+
+    def __init__(self, registry, version):
+        self.registry = registry
+        self.version = version
+
+    def inspect(self, path):
+        if path == '/v1/status':
+            facts = ops.health(self.registry)
+            facts.update(version=self.version, pods=self.registry.pods.size(),
+                         bindings=self.registry.bindings.size())
+            return 200, facts
+        if path == '/v1/pods':
+            return 200, sorted(self.registry.bindings.snapshot().values(),
+                               key=lambda b: b['pod'])
+        if path.startswith('/v1/pods/'):
+            binding = self.registry.bindings.get(path[len('/v1/pods/'):])
+            if binding is None:
+                return 404, {'error': 'no binding for pod %s' % path[len('/v1/pods/'):]}
+            return 200, binding
+        if path == '/v1/stale-dels':
+            return 200, self.registry.stale_dels.recent()
+        return 404, {'error': 'unknown path %s' % path}
+
+
+def _valid_attachments(config):
+    for key in _VALID_ATTACHMENTS_KEYS:
+        if key in config:
+            items = config[key]
+            break
+    else:
+        return None
+    if not isinstance(items, list):
+        raise errors.InvalidConfig('%s must be a list' % key)
+    valid = set()
+    for item in items:
+        if not (isinstance(item, dict) and isinstance(item.get('containerID'), str)
+                and isinstance(item.get('ifname'), str)):
+            raise errors.InvalidConfig('%s entries are {"containerID", "ifname"}' % key)
+        valid.add((item['containerID'], item['ifname']))
+    return valid
+
+
+def _error_json(exc, body):
+    return json.dumps(exc.to_dict(cni_request.error_version(body))).encode()
+
+
+class CNIHandler(server.QuietHandler):
+    """HTTP face of :class:`CNIApp` (POST) and :class:`InspectApp` (GET).
+
+    Bodies over 1 MiB get 413 unread.
+    """
+
+    def do_GET(self):
+        self.request_received()
+        status, payload = self.server.context['inspect'].inspect(self.path)
+        self.send_json(status, json.dumps(payload).encode())
+
+    def do_POST(self):
+        app = self.server.context['app']
+        length = self.headers.get('Content-Length')
+        if length is None or not length.isdigit():
+            status, payload = 411, _error_json(
+                errors.InvalidEnvironment('Content-Length is required'), None)
+        elif int(length) > cni_request.MAX_BODY_BYTES:
+            status, payload = 413, _error_json(errors.BodyTooLarge(
+                'request body larger than %d bytes' % cni_request.MAX_BODY_BYTES), None)
+        else:
+            body = self.rfile.read(int(length))
+            self.request_received()
+            status, payload = app.handle(self.path, body)
+        self.send_json(status, payload)

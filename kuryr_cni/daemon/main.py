@@ -1,0 +1,124 @@
+"""``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
+
+config and logging → safety checks → metrics directory → registry Manager
+(before cotyledon, with the fork start method) → state recovery → listening
+sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
+ops process → systemd notification. On SIGTERM cotyledon stops the children
+gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
+exits at once and the Manager follows through its parent-death signal.
+"""
+
+import multiprocessing
+import os
+import socket
+import sys
+
+import cotyledon
+from oslo_log import log as logging
+
+from kuryr_cni import conf as config
+from kuryr_cni import metrics
+from kuryr_cni import registry as registry_mod
+from kuryr_cni import state
+from kuryr_cni.daemon import listener
+from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import recovery
+from kuryr_cni.daemon import sdnotify
+from kuryr_cni.daemon import watching
+from kuryr_cni.daemon import worker
+
+LOG = logging.getLogger(__name__)
+
+
+# Libraries whose debug output would drown ours (pyroute2 logs every netlink message).
+QUIET_LIBRARIES = ['pyroute2=WARN', 'urllib3=WARN', 'kubernetes=WARN', 'asyncio=WARN',
+                   'cotyledon=INFO']
+
+
+def main(argv=None):
+    conf = config.load(sys.argv[1:] if argv is None else argv)
+    logging.set_defaults(default_log_levels=logging.get_default_log_levels() + QUIET_LIBRARIES)
+    logging.setup(conf, 'kuryr-cni')
+    multiprocessing.set_start_method('fork', force=True)
+    try:
+        return run(conf)
+    except listener.UnsafeSetup as exc:
+        LOG.error('Refusing to start: %s', exc)
+        return 2
+
+
+def run(conf):
+    opts = conf.cni_daemon
+    run_dir = listener.ensure_private_dir(os.path.dirname(opts.socket))
+    state.ensure_dir(opts.state_dir)
+    listener.ensure_private_dir(opts.state_dir)
+    metrics.setup(os.path.join(run_dir, 'metrics'))
+    manager, registry = registry_mod.Registry.start()
+    try:
+        _recover(conf, registry)
+        cni_socks = [listener.open_unix(opts.socket)]
+        if opts.bind_address:
+            cni_socks.append(listener.open_tcp(opts.bind_address))
+        health_sock = _open_tcp(conf.health.host, conf.health.port)
+        metrics_sock = _open_tcp(conf.prometheus.host, conf.prometheus.port)
+        _serve(conf, registry, cni_socks, health_sock, metrics_sock)
+    finally:
+        manager.shutdown()
+    return 0
+
+
+def _recover(conf, registry):
+    ownership = worker.build_ownership(conf, registry)
+    recovery.restore(ownership, ownership.store, state.DelQueue(conf.cni_daemon.state_dir))
+
+
+def _open_tcp(host, port):
+    family = socket.AF_INET6 if ':' in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def _serve(conf, registry, cni_socks, health_sock, metrics_sock):
+    sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
+    names = {
+        sm.add(watching.WatcherService, workers=1, args=(conf, registry)): 'watcher',
+        sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
+               args=(conf, registry, cni_socks)): 'cni-worker',
+        sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock)): 'ops',
+    }
+    # The parent alone speaks to systemd, and only READY=1 once really ready:
+    # cotyledon would send its own READY=1 at start, and children must not
+    # inherit the socket.
+    notifier = sdnotify.Notifier(lambda: ops.health(registry), env=dict(os.environ))
+    os.environ.pop('NOTIFY_SOCKET', None)
+
+    def on_new_worker(service_id, worker_id, service):
+        registry.status.put('pid:%s:%s' % (names[service_id], worker_id), os.getpid())
+
+    def on_dead_worker(service_id, worker_id, exit_code):
+        pid = registry.status.get('pid:%s:%s' % (names[service_id], worker_id))
+        if pid:
+            metrics.process_dead(pid)
+        metrics.worker_restarted(names[service_id])
+        LOG.warning('%s %s exited with %s; starting a new one',
+                    names[service_id], worker_id, exit_code)
+
+    def on_terminate():
+        registry.status.put('shutting_down', True)
+        notifier.stop()
+
+    sm.register_hooks(on_new_worker=on_new_worker, on_dead_worker=on_dead_worker,
+                      on_terminate=on_terminate)
+    for sock in cni_socks + [health_sock, metrics_sock]:
+        sock.set_inheritable(True)
+    notifier.start()
+    LOG.info('kuryr-cni-daemon serving %s with %d workers',
+             conf.cni_daemon.socket, conf.cni_daemon.worker_count)
+    sm.run()
+
+
+if __name__ == '__main__':
+    sys.exit(main())

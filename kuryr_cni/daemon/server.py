@@ -1,0 +1,127 @@
+"""A bounded, threaded HTTP/1.1 server on an already listening socket.
+
+Every worker process serves the one socket its parent opened (a pre-forked
+pool). A worker takes a connection only when it has a free slot, so a busy
+worker leaves new connections in the backlog for its siblings, and at most
+``concurrency`` requests run in one worker. Each connection gets a socket
+timeout, so a client that connects and sends nothing cannot hold a slot.
+"""
+
+import contextlib
+import http.server
+import selectors
+import socket
+import threading
+
+from oslo_log import log as logging
+
+LOG = logging.getLogger(__name__)
+
+
+class QuietHandler(http.server.BaseHTTPRequestHandler):
+    """Base handler: HTTP/1.1, one request per connection, logs through oslo.log."""
+
+    protocol_version = 'HTTP/1.1'
+    server_version = 'kuryr-cni'
+    sys_version = ''
+    timeout = 10          # seconds per receive/send on the connection
+    read_deadline = 15    # seconds to receive the whole request, however it trickles in
+
+    def setup(self):
+        super().setup()
+        self._read_guard = threading.Timer(self.read_deadline, self._abort_read)
+        self._read_guard.daemon = True
+        self._read_guard.start()
+
+    def _abort_read(self):
+        LOG.info('Dropping a client that did not send its request within %ss', self.read_deadline)
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def request_received(self):
+        """Call once the whole request is read: from here on the work may take long."""
+        self._read_guard.cancel()
+
+    def finish(self):
+        self._read_guard.cancel()
+        super().finish()
+
+    def log_message(self, fmt, *args):
+        LOG.debug('%s %s', self.requestline, fmt % args)
+
+    def log_error(self, fmt, *args):
+        LOG.info('Bad HTTP request: ' + fmt, *args)
+
+    def send_json(self, status, payload_bytes, content_type='application/json'):
+        self.send_response(status)
+        self.send_header('Content-Type', content_type)
+        self.send_header('Content-Length', str(len(payload_bytes)))
+        self.send_header('Connection', 'close')
+        self.end_headers()
+        if payload_bytes:
+            self.wfile.write(payload_bytes)
+        self.close_connection = True
+
+
+class BoundedServer:
+    """Accept connections from ``sock`` and serve each in a thread, ``concurrency`` at most."""
+
+    def __init__(self, sock, handler_class, concurrency, **handler_context):
+        self.sock = sock
+        self.handler_class = handler_class
+        self.context = handler_context
+        self._slots = threading.BoundedSemaphore(concurrency)
+        self._concurrency = concurrency
+        self._stopping = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._idle = threading.Condition()
+        self._active = 0
+
+    def serve_forever(self):
+        self.sock.setblocking(False)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                self._slots.acquire()
+                if not self._accept_one(selector):
+                    self._slots.release()
+
+    def _accept_one(self, selector):
+        events = selector.select()
+        if self._stopping.is_set() or not any(key.fileobj is self.sock for key, _ in events):
+            return False
+        try:
+            conn, address = self.sock.accept()
+        except (BlockingIOError, InterruptedError):
+            return False      # a sibling worker took it
+        conn.setblocking(True)
+        with self._idle:
+            self._active += 1
+        threading.Thread(target=self._serve, args=(conn, address), daemon=True).start()
+        return True
+
+    def _serve(self, conn, address):
+        try:
+            self.handler_class(conn, address, self)
+        except Exception:
+            LOG.exception('Unexpected error serving a connection')
+        finally:
+            try:
+                conn.close()
+            finally:
+                self._slots.release()
+                with self._idle:
+                    self._active -= 1
+                    self._idle.notify_all()
+
+    def stop(self, drain_timeout):
+        """Stop accepting; wait up to ``drain_timeout`` s for requests in flight."""
+        self._stopping.set()
+        self._wake_w.send(b'x')
+        with self._idle:
+            return self._idle.wait_for(lambda: self._active == 0, timeout=drain_timeout)
+
+    @property
+    def active(self):
+        return self._active

@@ -1,0 +1,283 @@
+"""The one way into a network namespace.
+
+Everything in the daemon that touches a namespace other than its own goes
+through this module: validating a ``CNI_NETNS`` path (:func:`check_netns`),
+opening a checked descriptor of one (:func:`open_netns`), a netlink handle
+bound to one (:func:`iproute`) and any other socket created inside one
+(:func:`socket_in`). No namespace is ever created here, and no netlink request
+is sent before the namespace path has been checked.
+
+How a socket gets into another namespace, and why a throwaway thread
+----------------------------------------------------------------------
+
+A socket belongs, for its whole life, to the network namespace of the thread
+that created it. ``setns(2)`` moves only the *calling thread*, not the
+process: if a request-serving thread of the daemon entered a pod's namespace
+and something went wrong before it came back, every later request served by
+that thread would silently configure the wrong namespace, and the thread's
+other sockets (and anything it opened meanwhile, e.g. an HTTP connection)
+would end up in the pod. So we never call ``setns`` in a thread we care
+about. A short-lived thread opens nothing but the socket: it enters the
+namespace, creates the socket, and exits; the socket keeps its namespace and
+is handed back to the caller. Should entering fail midway, the thread dies
+with the damage. Code run in that thread must be tiny and must not touch
+shared state (no logging handlers, no locks held by others).
+
+pyroute2's own ``IPRoute(netns=...)`` is not used: in pyroute2 0.9 it forks a
+helper process per handle (~8 ms) and creates the namespace when it is
+missing unless ``flags=0``. The thread route costs ~1 ms.
+
+Bounding netlink calls
+----------------------
+
+pyroute2 0.9's synchronous ``IPRoute`` runs every request to completion on an
+asyncio event loop with no timeout of its own (a lost answer would block the
+worker forever). :func:`iproute` therefore hands pyroute2 (through its public
+``use_event_loop`` argument) an event loop whose ``run_until_complete`` wraps
+every step in :func:`asyncio.wait_for`; a request that gets no answer within
+the timeout raises :class:`NetlinkTimeout` (CNI code 11, try again later), and
+the handle must then be dropped (leaving the ``with`` block does it). The
+timeout bounds the wait for the kernel's answer; it cannot interrupt a
+``sendmsg`` blocked inside the kernel (e.g. on the RTNL lock), which no user
+space tool can.
+"""
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import socket
+import stat
+import threading
+
+import pyroute2
+
+from kuryr_cni import errors
+
+CLONE_NEWNET = 0x40000000
+NS_GET_NSTYPE = 0xB703          # ioctl on a namespace file: its CLONE_NEW* type
+OWN_NETNS = '/proc/self/ns/net'  # the daemon's own namespace (thread-group leader's)
+NETLINK_TIMEOUT = 10.0           # seconds any one netlink request may wait for its answer
+
+_SOL_NETLINK = 270
+_NETLINK_EXT_ACK = 11            # ask the kernel for a text reason with each error
+_NS_TYPES = {
+    0x00020000: 'mount', 0x02000000: 'cgroup', 0x04000000: 'UTS', 0x08000000: 'IPC',
+    0x10000000: 'user', 0x20000000: 'PID', CLONE_NEWNET: 'network', 0x00000080: 'time',
+}
+
+_libc = ctypes.CDLL(None, use_errno=True)   # Python 3.11 has no os.setns
+
+
+class NamespaceNotFound(errors.InvalidEnvironment):
+    """The namespace path does not exist (any more)."""
+
+
+class NetlinkTimeout(errors.TryAgainLater):
+    """The kernel did not answer a netlink request in time."""
+
+
+def check_netns(path, host=None):
+    """Raise InvalidEnvironment (code 4) unless ``path`` is a pod's network namespace.
+
+    ``path`` must be an absolute path naming a network namespace file (as
+    ``/run/netns/<name>`` or ``/proc/<pid>/ns/net`` do) and must not be the
+    ``host`` namespace (a path; None means the daemon's own). The daemon's own
+    namespace is always refused, even when ``host`` names another one.
+    Missing paths raise :class:`NamespaceNotFound`, a subclass. Nothing is
+    sent over netlink and nothing is created.
+    """
+    with open_netns(path, host=host):
+        pass
+
+
+def exists(path):
+    """Whether ``path`` names a network namespace right now."""
+    try:
+        fd = _open_ns_file(path)
+    except errors.InvalidEnvironment:
+        return False
+    os.close(fd)
+    return True
+
+
+@contextlib.contextmanager
+def open_netns(path, host=None):
+    """Yield a descriptor of the pod namespace ``path``, checked as by :func:`check_netns`.
+
+    The checks are made on the descriptor itself, so the namespace they accept
+    is the one every later use of the descriptor (:func:`iproute`,
+    ``net_ns_fd``) reaches, even if the path is replaced meanwhile. The
+    descriptor is closed when the block ends.
+    """
+    fd = _open_ns_file(path)
+    try:
+        here = os.fstat(fd)
+        for other in (OWN_NETNS,) if host is None else (host, OWN_NETNS):
+            try:
+                there = os.stat(other)
+            except OSError as exc:
+                raise errors.InvalidEnvironment('cannot compare %s with host namespace %s: %s'
+                                                % (path, other, exc.strerror)) from None
+            if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                raise errors.InvalidEnvironment(
+                    'CNI_NETNS %s is the host network namespace, not a pod\'s' % path)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def iproute(path=None, *, timeout=NETLINK_TIMEOUT, echo=False):
+    """Yield a pyroute2 ``IPRoute`` bound to a network namespace.
+
+    ``path`` is a namespace path, an open descriptor of one (from
+    :func:`open_netns`) or None for the daemon's own namespace. The namespace
+    is never created: a missing path raises :class:`NamespaceNotFound`, a
+    file that is no network namespace :class:`errors.InvalidEnvironment`.
+    Every request waits at most ``timeout`` seconds for the kernel's answer,
+    else raises :class:`NetlinkTimeout`. ``echo`` asks the kernel to send
+    back what each change created (``NLM_F_ECHO``), which saves a lookup.
+    The handle belongs to the calling thread and is closed when the block
+    ends.
+    """
+    sock = socket_in(path, socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
+    loop = _BoundedLoop(timeout, 'the daemon\'s own namespace' if path is None
+                        else 'network namespace %s' % _describe(path))
+    ipr = None
+    try:
+        sock.setsockopt(_SOL_NETLINK, _NETLINK_EXT_ACK, 1)
+        ipr = pyroute2.IPRoute(use_socket=sock, use_event_loop=loop, nlm_echo=echo)
+        yield ipr
+    finally:
+        if ipr is not None:
+            ipr.close()
+            loop.drain()            # let the transport finish closing the socket
+        loop.close()
+        sock.close()
+
+
+def socket_in(path, family, type, proto=0):
+    """Return a new socket created inside a network namespace.
+
+    ``path`` is a namespace path, an open descriptor of one, or None for the
+    daemon's own namespace. The socket stays in that namespace for its life
+    (e.g. to reach a TCP port of a server running in a test namespace).
+    """
+    if path is None:
+        return socket.socket(family, type, proto)
+    if isinstance(path, int):
+        return _in_netns(path, lambda: socket.socket(family, type, proto))
+    fd = _open_ns_file(path)
+    try:
+        return _in_netns(fd, lambda: socket.socket(family, type, proto))
+    finally:
+        os.close(fd)
+
+
+def _in_netns(fd, create):
+    """Call ``create()`` in a throwaway thread that has entered namespace ``fd``.
+
+    See the module docstring for why the calling thread must never enter a
+    namespace itself. ``create`` must only build and return an object bound
+    to the namespace (a socket); it runs with no lock held.
+    """
+    outcome = {}
+
+    def enter_and_create():
+        try:
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, 'setns into network namespace: %s' % os.strerror(code))
+            outcome['result'] = create()
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome['error'] = exc
+        # Leaving the function ends the thread, and its namespace with it.
+
+    thread = threading.Thread(target=enter_and_create, name='kuryr-cni-netns', daemon=True)
+    thread.start()
+    thread.join()
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome['result']
+
+
+def _open_ns_file(path):
+    """Open ``path`` and make sure it is a network namespace file; return the fd."""
+    if not isinstance(path, str) or not os.path.isabs(path) or '\0' in path:
+        raise errors.InvalidEnvironment(
+            'CNI_NETNS must be an absolute path to a network namespace, not %r' % (path,))
+    try:
+        # Refuse anything that is not a regular file before opening it: opening
+        # a FIFO would block and opening a device may have side effects.
+        # Namespace files (nsfs inodes, bind-mounted or under /proc) are regular.
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise NamespaceNotFound('network namespace %s does not exist' % path) from None
+    except OSError as exc:
+        raise errors.InvalidEnvironment('cannot reach network namespace %s: %s'
+                                        % (path, exc.strerror)) from None
+    if not stat.S_ISREG(mode):
+        raise errors.InvalidEnvironment('%s is not a network namespace (it is a %s)'
+                                        % (path, _file_kind(mode)))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise NamespaceNotFound('network namespace %s does not exist' % path) from None
+    except OSError as exc:
+        raise errors.InvalidEnvironment('cannot open network namespace %s: %s'
+                                        % (path, exc.strerror)) from None
+    try:
+        ns_type = fcntl.ioctl(fd, NS_GET_NSTYPE)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.ENOTTY, errno.EINVAL):
+            raise errors.InvalidEnvironment(
+                '%s is not a network namespace (not a namespace file at all)' % path) from None
+        raise errors.InvalidEnvironment('cannot inspect namespace file %s: %s'
+                                        % (path, exc.strerror)) from None
+    if ns_type != CLONE_NEWNET:
+        os.close(fd)
+        raise errors.InvalidEnvironment(
+            '%s is a %s namespace, not a network namespace'
+            % (path, _NS_TYPES.get(ns_type, 'unknown (%#x)' % ns_type)))
+    return fd
+
+
+def _file_kind(mode):
+    for test, name in ((stat.S_ISDIR, 'directory'), (stat.S_ISFIFO, 'FIFO'),
+                       (stat.S_ISSOCK, 'socket'), (stat.S_ISCHR, 'character device'),
+                       (stat.S_ISBLK, 'block device')):
+        if test(mode):
+            return name
+    return 'special file'
+
+
+def _describe(path):
+    return 'fd %d' % path if isinstance(path, int) else path
+
+
+class _BoundedLoop(asyncio.SelectorEventLoop):
+    """An event loop whose every ``run_until_complete`` step has a deadline.
+
+    pyroute2's synchronous API drives each request (and each step of a dump)
+    through ``run_until_complete``; bounding that bounds every call.
+    """
+
+    def __init__(self, timeout, where):
+        super().__init__()
+        self._timeout = timeout
+        self._where = where
+
+    def run_until_complete(self, future):
+        try:
+            return super().run_until_complete(asyncio.wait_for(future, self._timeout))
+        except TimeoutError:
+            raise NetlinkTimeout('netlink request in %s got no answer within %g s'
+                                 % (self._where, self._timeout)) from None
+
+    def drain(self):
+        """Run the callbacks already scheduled (transport teardown)."""
+        super().run_until_complete(asyncio.sleep(0))

@@ -1,0 +1,1 @@
+"""Test bed shared by the functional tests and the demo: a Kubernetes API stand-in, test hosts, a runtime emulator."""  # noqa: E501

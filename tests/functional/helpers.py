@@ -1,0 +1,86 @@
+"""Observations the functional tests make of a running test host."""
+
+import json
+import os
+import select
+import time
+
+from prometheus_client import parser
+
+from kuryr_cni.binding import owner_tag
+
+PROMETHEUS_PORT = 9655
+
+
+def scrape(node):
+    """Every sample of /metrics as ``{(name, frozenset(labels)): value}``."""
+    status, text = node.http_get(PROMETHEUS_PORT, '/metrics')
+    assert status == 200, text
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in parser.text_string_to_metric_families(text)
+            for sample in family.samples}
+
+
+def metric(node, name, **labels):
+    return scrape(node).get((name, frozenset(labels.items())), 0)
+
+
+def stale_dels(node):
+    samples = scrape(node)
+    return {reason: samples.get(('kuryr_cni_stale_del_rejected_total',
+                                 frozenset({('reason', reason)})), 0)
+            for reason in ('container_id_mismatch', 'pod_uid_mismatch')}
+
+
+def binding(node, pod_key):
+    path = os.path.join(node.state_dir, 'bindings', pod_key.replace('/', '_') + '.json')
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def wait_for_owner(node, pod_key, container_id, timeout=20):
+    """Wait until the persisted binding names ``container_id`` as the owner.
+
+    The binding file is the daemon's observable state; there is no event to
+    subscribe to from outside, so this polls it with a deadline.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        current = binding(node, pod_key)
+        if current and current.get('owner') == container_id:
+            return current
+        time.sleep(0.02)
+    raise AssertionError('%s never became owner of %s' % (container_id, pod_key))
+
+
+def leftovers(node):
+    """What a deleted pod could leave behind: tagged host devices, bindings, locks."""
+    devices = sorted(name for name, link in node.links().items()
+                     if owner_tag.parse_alias(link.get('ifalias') or ''))
+    bindings = sorted(os.listdir(os.path.join(node.state_dir, 'bindings')))
+    locks = sorted(os.listdir(os.path.join(node.state_dir, 'locks')))
+    return {'devices': devices, 'bindings': bindings, 'locks': locks}
+
+
+NOTHING = {'devices': [], 'bindings': [], 'locks': []}
+
+
+def wait_gone(pidfds, timeout):
+    """Wait for the processes behind ``{pid: pidfd}`` to end; returns survivors' pids."""
+    poller = select.poll()
+    by_fd = {}
+    for pid, fd in pidfds.items():
+        poller.register(fd, select.POLLIN)
+        by_fd[fd] = pid
+    deadline = time.monotonic() + timeout
+    while by_fd and time.monotonic() < deadline:
+        for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+            poller.unregister(fd)
+            os.close(fd)
+            del by_fd[fd]
+    for fd in by_fd:
+        os.close(fd)
+    return sorted(by_fd.values())

@@ -1,0 +1,454 @@
+"""The bridge binding driver and the namespace helpers, against a real kernel.
+
+Every test builds a node (``host_ns``: bridge kc-br0 holding the gateways)
+and pods in throwaway namespaces, and asserts what ``ip`` shows there.
+"""
+
+import concurrent.futures
+import shutil
+import socket
+import threading
+import time
+
+import pytest
+
+from kuryr_cni import binding
+from kuryr_cni import errors
+from kuryr_cni import netns
+from kuryr_cni import vif as vif_model
+from kuryr_cni.binding import bridge
+from kuryr_cni.binding import noop
+from kuryr_cni.binding import owner_tag
+from tests.functional.conftest import BRIDGE
+from tests.functional.conftest import CAN_RUN
+from tests.functional.conftest import GATEWAY4
+from tests.functional.conftest import GATEWAY6
+from tests.functional.conftest import SKIP_REASON
+
+pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)
+
+needs_ping = pytest.mark.skipif(shutil.which('ping') is None,
+                                reason='ping (iputils-ping) is not installed')
+
+MAC = 'fa:16:3e:00:00:05'
+MTU = 1450
+
+
+def make_vif(n=5, **changes):
+    spec = {'kind': 'bridge', 'port_id': 'port-%d' % n, 'mac': 'fa:16:3e:00:00:%02x' % n,
+            'mtu': MTU, 'bridge': BRIDGE, 'ips': ['10.99.0.%d/24' % n, 'fd99::%x/64' % n],
+            'gateway': [GATEWAY4, GATEWAY6],
+            'routes': [{'dst': '192.168.0.0/16', 'gw': '10.99.0.254'},
+                       {'dst': '172.16.0.0/12'}],
+            'active': True}
+    spec.update(changes)
+    return vif_model.parse_vif(spec)
+
+
+def make_plug(ns, container_id='c0ffee', ifname='eth0', default_route=True):
+    return binding.Plug(container_id, ns.path, ifname, default_route)
+
+
+@pytest.fixture
+def driver(host_ns):
+    return bridge.BridgeDriver(host_netns=host_ns.path)
+
+
+def host_device(host_ns, plug):
+    return host_ns.links().get(owner_tag.host_ifname(plug.container_id, plug.ifname))
+
+
+def pings(ns, address):
+    return ns.run('ping', '-c1', '-W2', '-q', address).returncode == 0
+
+
+# -- connect -----------------------------------------------------------------
+
+def test_connect_configures_pod_interface(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+
+    eth0 = pod.link('eth0')
+    assert eth0['address'] == MAC
+    assert eth0['mtu'] == MTU
+    assert 'UP' in eth0['flags'] and eth0['linkinfo']['info_kind'] == 'veth'
+    assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
+    v6 = [a for a in eth0['addr_info'] if a['local'] == 'fd99::5'][0]
+    assert v6.get('nodad') and not v6.get('tentative')
+    routes = pod.routes()
+    assert {('default', GATEWAY4, 'eth0'), ('default', GATEWAY6, 'eth0'),
+            ('192.168.0.0/16', '10.99.0.254', 'eth0'),
+            ('172.16.0.0/12', None, 'eth0')} <= routes
+    assert 'UP' in pod.links()['lo']['flags']
+
+
+def test_connect_puts_owned_host_end_into_bridge(host_ns, pod_ns, driver):
+    plug = make_plug(pod_ns(), container_id='sandbox-a')
+    driver.connect(make_vif(), plug)
+
+    name = owner_tag.host_ifname('sandbox-a', 'eth0')
+    dev = host_ns.links()[name]
+    assert dev['ifalias'] == 'kuryr-cni:sandbox-a:eth0'
+    assert dev['master'] == BRIDGE
+    assert dev['mtu'] == MTU
+    assert 'UP' in dev['flags'] and dev['linkinfo']['info_kind'] == 'veth'
+    with netns.iproute(host_ns.path) as ipr:
+        found = owner_tag.find_host_devices(ipr)
+    assert [(d.ifname, d.container_id, d.pod_ifname) for d in found] == \
+        [(name, 'sandbox-a', 'eth0')]
+
+
+def test_connect_without_default_route(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    driver.connect(make_vif(), make_plug(pod, ifname='net1', default_route=False))
+
+    routes = pod.routes()
+    assert not [r for r in routes if r[0] == 'default']
+    assert ('192.168.0.0/16', '10.99.0.254', 'net1') in routes
+
+
+@needs_ping
+def test_pod_pings_gateway(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    driver.connect(make_vif(), make_plug(pod))
+
+    assert pings(pod, GATEWAY4)
+    assert pings(pod, GATEWAY6)
+
+
+@needs_ping
+def test_two_pods_ping_each_other(host_ns, pod_ns, driver):
+    a, b = pod_ns(), pod_ns()
+    driver.connect(make_vif(5), make_plug(a, container_id='a'))
+    driver.connect(make_vif(6), make_plug(b, container_id='b'))
+
+    assert pings(a, '10.99.0.6')
+    assert pings(b, '10.99.0.5')
+    assert pings(a, 'fd99::6')
+
+
+@needs_ping
+def test_connect_twice_converges_on_one_interface(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    driver.connect(make_vif(), plug)
+
+    with netns.iproute(host_ns.path) as ipr:
+        assert len(owner_tag.find_host_devices(ipr, 'c0ffee')) == 1
+    assert sorted(pod.links()) == ['eth0', 'lo']
+    assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
+    driver.check(make_vif(), plug)
+    assert pings(pod, GATEWAY4)
+
+
+def test_connect_replaces_half_made_leftovers(host_ns, pod_ns, driver):
+    """A connect that died before setting the alias left an untagged pair."""
+    pod = pod_ns()
+    plug = make_plug(pod)
+    name = owner_tag.host_ifname(plug.container_id, plug.ifname)
+    host_ns.ip('link', 'add', name, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', pod.name)
+
+    driver.connect(make_vif(), plug)
+
+    assert host_device(host_ns, plug)['ifalias'] == owner_tag.alias('c0ffee', 'eth0')
+    assert pod.link('eth0')['address'] == MAC
+    driver.check(make_vif(), plug)
+
+
+def test_connect_replaces_stale_pod_interface(host_ns, pod_ns, driver):
+    """The runtime retried after a failure left eth0 (alone) in the pod."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'stale0')
+
+    driver.connect(make_vif(), make_plug(pod))
+
+    assert sorted(pod.links()) == ['eth0', 'lo']
+    assert pod.link('eth0')['address'] == MAC
+
+
+def test_connect_never_takes_over_a_foreign_device(host_ns, pod_ns, driver):
+    plug = make_plug(pod_ns())
+    name = owner_tag.host_ifname(plug.container_id, plug.ifname)
+    host_ns.ip('link', 'add', name, 'type', 'veth', 'peer', 'name', 'other0')
+    host_ns.ip('link', 'set', name, 'alias', owner_tag.alias('someone-else', 'eth0'))
+
+    with pytest.raises(errors.BindingFailed) as exc:
+        driver.connect(make_vif(), plug)
+
+    assert 'another owner' in exc.value.msg
+    assert host_ns.links()[name]['ifalias'] == owner_tag.alias('someone-else', 'eth0')
+
+
+def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
+    """A default route already in the pod makes the last step fail."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
+    pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
+    pod.ip('link', 'set', 'other0', 'up')
+    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    plug = make_plug(pod)
+
+    with pytest.raises(errors.BindingFailed) as exc:
+        driver.connect(make_vif(), plug)
+
+    assert exc.value.code == 101 and 'File exists' in exc.value.details
+    assert host_device(host_ns, plug) is None
+    assert 'eth0' not in pod.links()
+    assert ('default', '10.77.0.1', 'other0') in pod.routes()
+
+
+def test_connect_creates_missing_bridge_without_address(netns_factory, pod_ns):
+    node = netns_factory()
+    driver = bridge.BridgeDriver(host_netns=node.path)
+    plug = make_plug(pod_ns())
+
+    driver.connect(make_vif(), plug)
+
+    br = node.link(BRIDGE)
+    assert br['linkinfo']['info_kind'] == 'bridge'
+    assert 'UP' in br['flags']
+    assert br.get('addr_info', []) == []          # not even an IPv6 link-local address
+    assert host_device(node, plug)['master'] == BRIDGE
+    driver.check(make_vif(), plug)
+
+
+def test_concurrent_connects_share_one_new_bridge(netns_factory, pod_ns):
+    node = netns_factory()
+    driver = bridge.BridgeDriver(host_netns=node.path)
+    plugs = [make_plug(pod_ns(), container_id='racer-%d' % n) for n in range(8)]
+    start = threading.Barrier(len(plugs))
+
+    def connect(n):
+        start.wait()
+        driver.connect(make_vif(10 + n), plugs[n])
+
+    with concurrent.futures.ThreadPoolExecutor(len(plugs)) as pool:
+        list(pool.map(connect, range(len(plugs))))
+
+    bridges = [link for link in node.links().values()
+               if link.get('linkinfo', {}).get('info_kind') == 'bridge']
+    assert [b['ifname'] for b in bridges] == [BRIDGE]
+    for n, plug in enumerate(plugs):
+        assert host_device(node, plug)['master'] == BRIDGE
+        driver.check(make_vif(10 + n), plug)
+
+
+def test_connect_uses_existing_bridge_as_it_is(host_ns, pod_ns, driver):
+    before = host_ns.link(BRIDGE)
+
+    driver.connect(make_vif(), make_plug(pod_ns()))
+
+    after = host_ns.link(BRIDGE)
+    assert after['ifindex'] == before['ifindex']
+    assert host_ns.addresses(BRIDGE) == {GATEWAY4 + '/24', GATEWAY6 + '/64'}
+
+
+def test_connect_refuses_a_device_that_is_no_bridge(host_ns, pod_ns):
+    host_ns.ip('link', 'add', 'notabr', 'type', 'veth', 'peer', 'name', 'notabr1')
+    driver = bridge.BridgeDriver(host_netns=host_ns.path)
+
+    with pytest.raises(errors.BindingFailed, match='not a bridge'):
+        driver.connect(make_vif(bridge='notabr'), make_plug(pod_ns()))
+
+
+@pytest.mark.parametrize('target', ['host', 'own'])
+def test_connect_refuses_host_namespace(host_ns, driver, target):
+    path = host_ns.path if target == 'host' else '/proc/self/ns/net'
+    before = host_ns.links()
+
+    with pytest.raises(errors.InvalidEnvironment, match='host network namespace'):
+        driver.connect(make_vif(), binding.Plug('c', path, 'eth0', True))
+
+    assert host_ns.links().keys() == before.keys()
+
+
+# -- disconnect --------------------------------------------------------------
+
+def test_disconnect_removes_both_ends_and_is_idempotent(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+
+    driver.disconnect(plug)
+    driver.disconnect(plug)
+
+    assert host_device(host_ns, plug) is None
+    assert sorted(pod.links()) == ['lo']
+    assert BRIDGE in host_ns.links()
+
+
+def test_disconnect_after_netns_deleted(host_ns, netns_factory, driver):
+    pod = netns_factory()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    pod.delete()
+
+    driver.disconnect(plug)
+    driver.disconnect(plug)
+
+    assert host_device(host_ns, plug) is None
+
+
+def test_disconnect_with_empty_netns_removes_host_end(host_ns, pod_ns, driver):
+    plug = make_plug(pod_ns())
+    driver.connect(make_vif(), plug)
+
+    driver.disconnect(binding.Plug(plug.container_id, '', plug.ifname, True))
+
+    assert host_device(host_ns, plug) is None
+
+
+@needs_ping
+def test_disconnect_of_a_never_removes_b(host_ns, pod_ns, driver):
+    """Two sandboxes of one pod, same pod ifname: DEL(A) leaves B working."""
+    a, b = pod_ns(), pod_ns()
+    plug_a, plug_b = make_plug(a, container_id='sandbox-a'), make_plug(b, container_id='sandbox-b')
+    driver.connect(make_vif(), plug_a)
+    driver.disconnect(plug_a)                  # A is gone before B arrives...
+    driver.connect(make_vif(), plug_b)
+    driver.connect(make_vif(), plug_a)         # ...or both live at once
+    driver.disconnect(plug_a)
+    driver.disconnect(plug_a)
+
+    assert host_device(host_ns, plug_a) is None
+    assert host_device(host_ns, plug_b)['ifalias'] == 'kuryr-cni:sandbox-b:eth0'
+    assert b.link('eth0')['address'] == MAC
+    driver.check(make_vif(), plug_b)
+    assert pings(b, GATEWAY4)
+
+
+def test_disconnect_leaves_a_foreign_device_with_our_name(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    name = owner_tag.host_ifname(plug.container_id, plug.ifname)
+    host_ns.ip('link', 'add', name, 'type', 'veth', 'peer', 'name', 'other0')
+    host_ns.ip('link', 'set', name, 'alias', owner_tag.alias('someone-else', 'eth0'))
+
+    driver.disconnect(plug)
+
+    assert name in host_ns.links() and 'other0' in host_ns.links()
+
+
+def test_disconnect_refuses_host_namespace(host_ns, driver):
+    host_ns.ip('link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'eth1')
+
+    with pytest.raises(errors.InvalidEnvironment):
+        driver.disconnect(binding.Plug('c', host_ns.path, 'eth0', True))
+
+    assert 'eth0' in host_ns.links()
+
+
+# -- check -------------------------------------------------------------------
+
+@pytest.mark.parametrize('change, complaint', [
+    (('pod', 'link', 'set', 'eth0', 'address', 'fa:16:3e:00:00:99'), 'has MAC'),
+    (('pod', 'link', 'set', 'eth0', 'mtu', '1400'), 'has MTU'),
+    (('pod', 'addr', 'del', '10.99.0.5/24', 'dev', 'eth0'), 'lacks address 10.99.0.5/24'),
+    (('pod', 'route', 'del', '192.168.0.0/16'), 'lacks route 192.168.0.0/16'),
+    (('pod', '-6', 'route', 'del', 'default'), 'lacks route ::/0'),
+    (('pod', 'link', 'set', 'eth0', 'down'), 'is down'),
+    (('host', 'link', 'set', '{host}', 'nomaster'), 'not enslaved'),
+    (('host', 'link', 'set', '{host}', 'alias', 'x'), 'has alias'),
+    (('host', 'link', 'del', '{host}'), 'is missing'),
+])
+def test_check_passes_then_reports_the_difference(host_ns, pod_ns, driver, change, complaint):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    driver.check(make_vif(), plug)
+
+    where, *args = change
+    name = owner_tag.host_ifname(plug.container_id, plug.ifname)
+    (pod if where == 'pod' else host_ns).ip(*[a.format(host=name) for a in args])
+
+    with pytest.raises(errors.CheckFailed) as exc:
+        driver.check(make_vif(), plug)
+    assert exc.value.code == 100
+    assert complaint in exc.value.details
+
+
+# -- timing ------------------------------------------------------------------
+
+def test_connect_and_disconnect_are_quick(host_ns, pod_ns, driver):
+    """A loose bound (the hot path of pod start-up); see the report for medians."""
+    pod = pod_ns()
+    durations = []
+    for i in range(5):
+        plug = make_plug(pod, container_id='quick-%d' % i)
+        start = time.perf_counter()
+        driver.connect(make_vif(), plug)
+        driver.disconnect(plug)
+        durations.append(time.perf_counter() - start)
+    assert sorted(durations)[2] < 0.5
+
+
+# -- namespace helpers against real namespaces -------------------------------
+
+def test_check_netns_accepts_a_real_netns(pod_ns):
+    pod = pod_ns()
+    netns.check_netns(pod.path)
+    assert netns.exists(pod.path)
+
+
+def test_check_netns_refuses_the_given_host_namespace(host_ns):
+    with pytest.raises(errors.InvalidEnvironment, match='host network namespace'):
+        netns.check_netns(host_ns.path, host=host_ns.path)
+
+
+def test_iproute_is_bound_to_the_namespace(host_ns):
+    with netns.iproute(host_ns.path) as ipr:
+        names = {link.get('ifname') for link in ipr.link('dump')}
+    assert names == set(host_ns.links()) == {'lo', BRIDGE}
+
+
+def test_iproute_never_creates_a_namespace(netns_factory):
+    gone = netns_factory()
+    gone.delete()
+
+    with pytest.raises(netns.NamespaceNotFound):
+        with netns.iproute(gone.path):
+            pass
+    assert not netns.exists(gone.path)
+
+
+def test_socket_in_reaches_a_server_inside_the_namespace(pod_ns):
+    pod = pod_ns()
+    pod.ip('link', 'set', 'lo', 'up')
+    with netns.socket_in(pod.path, socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(('127.0.0.1', 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        listening = pod.run('cat', '/proc/net/tcp').stdout
+        assert ':%04X' % port in listening
+        with netns.socket_in(pod.path, socket.AF_INET, socket.SOCK_STREAM) as client:
+            client.settimeout(5)
+            client.connect(('127.0.0.1', port))
+            conn, _ = server.accept()
+            with conn:
+                client.sendall(b'ping')
+                assert conn.recv(4) == b'ping'
+
+
+# -- registry ----------------------------------------------------------------
+
+def test_get_driver_returns_one_instance_per_kind_and_namespace(host_ns):
+    first = binding.get_driver('bridge', host_netns=host_ns.path)
+    assert isinstance(first, bridge.BridgeDriver) and first.host_netns == host_ns.path
+    assert binding.get_driver('bridge', host_netns=host_ns.path) is first
+    assert binding.get_driver('bridge') is not first
+    assert isinstance(binding.get_driver('noop'), noop.NoopDriver)
+    with pytest.raises(errors.InvalidVIF, match='no binding driver'):
+        binding.get_driver('carrier-pigeon')
+
+
+def test_noop_driver_touches_nothing(host_ns, pod_ns):
+    pod = pod_ns()
+    before = (host_ns.links().keys(), pod.links().keys())
+    driver = binding.get_driver('noop', host_netns=host_ns.path)
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    driver.check(make_vif(), plug)
+    driver.disconnect(plug)
+    assert (host_ns.links().keys(), pod.links().keys()) == before

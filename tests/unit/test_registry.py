@@ -1,0 +1,356 @@
+"""kuryr_cni.registry against a real multiprocessing Manager, and kuryr_cni.metrics.
+
+No plain-dict stand-in: values go through the Manager process, so a value a
+child writes must be what the parent reads, and the Manager must die with its
+parent. The metrics are checked in fresh interpreters because
+prometheus_client picks its multiprocess mode at import time.
+"""
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from prometheus_client import parser as prom_parser
+
+from kuryr_cni import registry as registry_mod
+
+FORK = multiprocessing.get_context('fork')
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start_registry(**kwargs):
+    """``(manager, registry, pid of the Manager process)``."""
+    before = set(multiprocessing.active_children())
+    manager, reg = registry_mod.Registry.start(**kwargs)
+    new = set(multiprocessing.active_children()) - before
+    assert len(new) == 1, new
+    return manager, reg, new.pop().pid
+
+
+@pytest.fixture
+def started():
+    """``(manager pid, registry)``, shut down (and checked gone) after the test."""
+    manager, reg, pid = start_registry(title='kuryr-cni-daemon: registry (test)')
+    yield pid, reg
+    manager.shutdown()
+    assert wait_gone(pid, 10), 'the Manager process outlived shutdown()'
+
+
+@pytest.fixture
+def reg(started):
+    return started[1]
+
+
+@pytest.fixture
+def children():
+    procs = []
+    yield procs
+    for proc in procs:
+        if proc.is_alive():
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.join(5)
+
+
+def run_child(children, target, *args):
+    proc = FORK.Process(target=target, args=args)
+    proc.start()
+    children.append(proc)
+    proc.join(30)
+    assert proc.exitcode == 0
+    return proc
+
+
+def is_gone(pid):
+    """True once ``pid`` has exited (a zombie no init has reaped yet counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] in ('Z', 'X')
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pid, timeout):
+    # There is no event to wait on for a process that is not our child:
+    # poll its existence, bounded by a deadline.
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if is_gone(pid):
+            return True
+        time.sleep(0.02)
+    return is_gone(pid)
+
+
+# -- tables -----------------------------------------------------------------
+
+def test_pod_table_operations(reg):
+    reg.replace_pods({'demo/a': {'uid': 'ua'}, 'demo/b': {'uid': 'ub'}})
+    reg.put_pod('demo/c', {'uid': 'uc', 'vifs': {}})
+    reg.drop_pod('demo/a')
+    reg.drop_pod('demo/missing')                 # harmless
+    assert reg.pods.snapshot() == {'demo/b': {'uid': 'ub'}, 'demo/c': {'uid': 'uc', 'vifs': {}}}
+    assert reg.pods.size() == 2
+    assert reg.pods.get('demo/c') == {'uid': 'uc', 'vifs': {}}
+    assert reg.pods.get('demo/a') is None
+    reg.replace_pods({})
+    assert reg.pods.snapshot() == {}
+
+
+def test_values_are_copies_not_shared_objects(reg):
+    record = {'uid': 'u1', 'vifs': {}}
+    reg.put_pod('demo/a', record)
+    record['uid'] = 'changed locally'
+    got = reg.pods.get('demo/a')
+    got['vifs']['eth0'] = 'changed locally'
+    assert reg.pods.get('demo/a') == {'uid': 'u1', 'vifs': {}}
+
+
+def test_synced_flag(reg):
+    assert reg.is_synced() is False
+    reg.mark_synced(1)
+    assert reg.is_synced() is True
+    reg.mark_synced(0)
+    assert reg.is_synced() is False
+
+
+def _child_writes(reg):
+    reg.put_pod('demo/web-0', {'uid': 'u-child', 'vifs': {'eth0': {'mtu': 1450}}})
+    reg.mark_synced(True)
+    reg.bindings.put('demo/web-0', {'pod': 'demo/web-0', 'sandboxes': {'c-child': {}}})
+    reg.status.put('worker:%d' % os.getpid(), 'up')
+
+
+def test_values_set_in_a_child_are_seen_by_the_parent(reg, children):
+    proc = run_child(children, _child_writes, reg)
+    assert reg.pods.get('demo/web-0') == {'uid': 'u-child', 'vifs': {'eth0': {'mtu': 1450}}}
+    assert reg.is_synced() is True
+    assert reg.bindings.find_container('c-child') == 'demo/web-0'
+    assert reg.status.get('worker:%d' % proc.pid) == 'up'
+
+
+def _child_puts_many(reg, prefix, count):
+    for i in range(count):
+        reg.put_pod('%s/pod-%d' % (prefix, i), {'uid': str(i)})
+
+
+def test_concurrent_writers_lose_nothing(reg, children):
+    procs = [FORK.Process(target=_child_puts_many, args=(reg, 'ns%d' % n, 50))
+             for n in range(4)]
+    children.extend(procs)
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert reg.pods.size() == 200
+    assert reg.pods.get('ns3/pod-49') == {'uid': '49'}
+
+
+def binding(pod, **sandboxes):
+    return {'pod': pod, 'owner': next(iter(sandboxes), None),
+            'sandboxes': {cid: {'attachments': {'kuryr/eth%d' % i: {} for i in range(n)}}
+                          for cid, n in sandboxes.items()}}
+
+
+def test_find_container_follows_puts_drops_and_replace(reg):
+    table = reg.bindings
+    assert table.find_container('c1') is None
+    table.put('demo/a', binding('demo/a', c1=1, c2=1))
+    assert (table.find_container('c1'), table.find_container('c2')) == ('demo/a', 'demo/a')
+    table.put('demo/a', binding('demo/a', c2=1))              # c1's sandbox is gone
+    assert (table.find_container('c1'), table.find_container('c2')) == (None, 'demo/a')
+    table.drop('demo/a')
+    assert table.find_container('c2') is None
+    table.drop('demo/a')                                      # harmless
+
+    table.put('demo/old', binding('demo/old', c9=1))
+    table.replace({'demo/b': binding('demo/b', c3=1), 'demo/c': binding('demo/c', c4=2)})
+    assert table.find_container('c9') is None
+    assert (table.find_container('c3'), table.find_container('c4')) == ('demo/b', 'demo/c')
+    assert sorted(table.snapshot()) == ['demo/b', 'demo/c']
+
+    # A container recorded under another key: dropping the old key keeps the new index.
+    table.put('demo/d', binding('demo/d', c3=1))
+    assert table.find_container('c3') == 'demo/d'
+    table.drop('demo/b')
+    assert table.find_container('c3') == 'demo/d'
+    table.put('demo/b', binding('demo/b'))
+    assert table.find_container('c3') == 'demo/d'
+
+
+def test_binding_without_sandboxes_is_indexed_as_nothing(reg):
+    reg.bindings.put('demo/a', {'pod': 'demo/a', 'owner': None})
+    assert reg.bindings.get('demo/a') == {'pod': 'demo/a', 'owner': None}
+    assert reg.bindings.count_attachments() == 0
+
+
+def test_count_attachments(reg):
+    table = reg.bindings
+    assert table.count_attachments() == 0
+    table.put('demo/a', binding('demo/a', c1=2, c2=1))
+    table.put('demo/b', binding('demo/b', c3=0))
+    assert table.count_attachments() == 3
+    table.put('demo/a', binding('demo/a', c1=1))
+    assert table.count_attachments() == 1
+    table.replace({'demo/x': binding('demo/x', c5=4), 'demo/y': binding('demo/y', c6=1)})
+    assert table.count_attachments() == 5
+    table.drop('demo/x')
+    assert table.count_attachments() == 1
+
+
+# -- the Manager process ------------------------------------------------------
+
+def test_manager_process_is_named_after_its_role(started):
+    pid, reg = started
+    assert pid != os.getpid()
+    with open('/proc/%d/cmdline' % pid, 'rb') as f:
+        assert b'kuryr-cni-daemon: registry (test)' in f.read()
+
+
+def _start_registry_and_wait(conn):
+    manager, reg, pid = start_registry()
+    reg.put_pod('demo/a', {'uid': 'u'})
+    conn.send(pid)
+    signal.pause()
+
+
+def test_manager_dies_when_its_parent_is_sigkilled(children):
+    parent_end, child_end = FORK.Pipe()
+    owner = FORK.Process(target=_start_registry_and_wait, args=(child_end,))
+    owner.start()
+    children.append(owner)
+    manager_pid = None
+    try:
+        assert parent_end.poll(20), 'the registry did not start'
+        manager_pid = parent_end.recv()
+        assert not is_gone(manager_pid)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.join(10)
+        assert owner.exitcode == -signal.SIGKILL
+        assert wait_gone(manager_pid, 10), 'the Manager outlived its parent'
+    finally:
+        if manager_pid is not None and not is_gone(manager_pid):
+            os.kill(manager_pid, signal.SIGKILL)
+
+
+# -- metrics, in fresh interpreters -------------------------------------------
+
+def run_python(code, *args):
+    proc = subprocess.run(
+        [sys.executable, '-c', textwrap.dedent(code), *args], cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != 'PROMETHEUS_MULTIPROC_DIR'},
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def samples(exposition):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in prom_parser.text_string_to_metric_families(exposition)
+            for s in family.samples}
+
+
+METRICS_SCRIPT = '''
+    import multiprocessing, sys
+    from kuryr_cni import metrics
+    metrics.setup(sys.argv[1])
+
+    def worker(n):
+        for _ in range(n):
+            metrics.stale_del_rejected('container_id_mismatch')
+        metrics.observe_request('DEL', 'noop', 0.02)
+        metrics.sandbox_evicted()
+
+    procs = [multiprocessing.get_context('fork').Process(target=worker, args=(n,))
+             for n in (3, 4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0
+    metrics.stale_del_rejected('container_id_mismatch')
+    metrics.observe_request('ADD', 'success', 0.3)
+
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    sys.stdout.write(generate_latest(registry).decode())
+'''
+
+
+def test_metrics_are_aggregated_across_processes(tmp_path):
+    directory = tmp_path / 'prom'
+    directory.mkdir()
+    (directory / 'counter_12345.db').write_bytes(b'left by a previous run')
+    got = samples(run_python(METRICS_SCRIPT, str(directory)))
+    stale = 'kuryr_cni_stale_del_rejected_total'
+    assert got[(stale, (('reason', 'container_id_mismatch'),))] == 8.0
+    assert got[(stale, (('reason', 'pod_uid_mismatch'),))] == 0.0      # pre-created
+    requests = 'kuryr_cni_requests_total'
+    assert got[(requests, (('command', 'DEL'), ('result', 'noop')))] == 2.0
+    assert got[(requests, (('command', 'ADD'), ('result', 'success')))] == 1.0
+    assert got[('kuryr_cni_sandbox_evictions_total', ())] == 2.0
+    duration = 'kuryr_cni_request_duration_seconds'
+    assert got[(duration + '_count', (('command', 'DEL'),))] == 2.0
+    assert got[(duration + '_bucket', (('command', 'DEL'), ('le', '0.025')))] == 2.0
+    assert got[(duration + '_bucket', (('command', 'ADD'), ('le', '0.25')))] == 0.0
+    assert got[(duration + '_bucket', (('command', 'ADD'), ('le', '0.5')))] == 1.0
+    assert 'counter_12345.db' not in os.listdir(directory)   # setup() wiped the directory
+
+
+def test_metric_functions_do_nothing_before_setup():
+    out = run_python('''
+        import os, sys
+        from kuryr_cni import metrics
+        metrics.observe_request('ADD', 'success', 0.1)
+        metrics.in_flight(1)
+        metrics.stale_del_rejected('container_id_mismatch')
+        metrics.sandbox_evicted()
+        metrics.vif_waited(0.5)
+        metrics.watch_restarted('gone')
+        metrics.watch_event('ADDED')
+        metrics.worker_restarted('cni-worker')
+        metrics.del_replayed()
+        metrics.process_dead(os.getpid())
+        print(metrics._m is None, 'prometheus_client' in sys.modules,
+              'PROMETHEUS_MULTIPROC_DIR' in os.environ)
+    ''')
+    assert out.split() == ['True', 'False', 'False']
+
+
+def test_binding_replace_is_atomic_for_readers(reg, children):
+    """A reader never sees the table half replaced (every update is one atomic RPC)."""
+    rows = {'ns/pod-%d' % i: binding('ns/pod-%d' % i, **{'c%d' % i: 1}) for i in range(20000)}
+    rows['demo/stable'] = binding('demo/stable', stable=1)
+    reg.bindings.replace(rows)
+    parent_end, child_end = FORK.Pipe()
+    proc = FORK.Process(target=_watch_stable, args=(reg, child_end))
+    proc.start()
+    children.append(proc)
+    assert parent_end.poll(10) and parent_end.recv() == 'reading'
+    for _ in range(5):
+        reg.bindings.replace(rows)
+    parent_end.send('stop')
+    assert parent_end.poll(10)
+    lookups, missing = parent_end.recv()
+    proc.join(10)
+    assert lookups > 0
+    assert missing == 0, 'a reader saw "stable" missing during replace()'
+
+
+def _watch_stable(reg, conn):
+    conn.send('reading')
+    lookups = missing = 0
+    while not conn.poll():
+        lookups += 1
+        if reg.bindings.find_container('stable') != 'demo/stable':
+            missing += 1
+    conn.send((lookups, missing))
