@@ -35,21 +35,24 @@ class PodLocks:
     def hold(self, pod_key, deadline):
         """Hold ``pod_key``'s lock until the block ends.
 
-        Yields a callable that removes the lock file; call it only when the
-        pod's binding is gone. Raises TryAgainLater when ``deadline``
-        (a ``time.monotonic()`` value) passes first.
+        Yields a callable asking for the lock file to be removed (when the
+        pod's binding is gone); the removal happens at release, still under
+        the lock, so no new holder can start while this one works. Raises
+        TryAgainLater when ``deadline`` (a ``time.monotonic()`` value) passes
+        first.
         """
         path = self.path(pod_key)
         fd = self._acquire(path, deadline)
-
-        def remove():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
+        removal = []
         try:
-            yield remove
+            yield lambda: removal.append(True)
         finally:
-            os.close(fd)   # closing drops the flock
+            try:
+                if removal:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            finally:
+                os.close(fd)   # closing drops the flock
 
     def _acquire(self, path, deadline):
         delay = _POLL_FIRST

@@ -19,6 +19,7 @@ import collections
 import ctypes
 import multiprocessing
 import multiprocessing.managers
+import os
 import signal
 import threading
 
@@ -132,13 +133,17 @@ _RegistryManager.register('StatusTable', _Table)
 _RegistryManager.register('StaleDelLog', StaleDelLog)
 
 
-def _init_manager_process(title):
+def _init_manager_process(title, parent_pid):
     # cotyledon's SIGINT fast exit and any crash of the parent would otherwise
-    # orphan this process (it ignores SIGINT and lives in the parent's old
-    # session): the kernel ends it when the parent goes.
+    # orphan this process (it ignores SIGINT): the kernel ends it when the
+    # parent goes. The signal is tied to the forking thread, which is the
+    # parent's main thread (Registry.start is called before any other thread);
+    # a parent that died before prctl took effect is caught by the ppid check.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
     setproctitle.setproctitle(title)
 
 
@@ -159,7 +164,7 @@ class Registry:
         start method, so the Manager inherits default signal handlers.
         """
         manager = _RegistryManager(ctx=multiprocessing.get_context('fork'))
-        manager.start(_init_manager_process, (title,))
+        manager.start(_init_manager_process, (title, os.getpid()))
         return manager, cls(manager.PodTable(), manager.BindingTable(), manager.StatusTable(),
                             manager.StaleDelLog())
 

@@ -109,14 +109,15 @@ def parse_vif(spec):
     if kind not in KINDS:
         raise errors.InvalidVIF('kind must be one of %s, not %r' % (', '.join(KINDS), kind))
     ips = _interfaces(spec.get('ips'))
+    gateways = _gateways(spec.get('gateway'), ips)
     vif = VIF(
         kind=kind,
         port_id=_match(spec.get('port_id'), _PORT_ID, 'port_id'),
         mac=_mac(spec.get('mac')),
         mtu=_int(spec.get('mtu', 1500), 'mtu', 68, 65535),
         ips=tuple(str(i) for i in ips),
-        gateways=tuple(str(g) for g in _gateways(spec.get('gateway'), ips)),
-        routes=tuple(_routes(spec.get('routes', []), ips)),
+        gateways=tuple(str(g) for g in gateways),
+        routes=tuple(_routes(spec.get('routes', []), ips, gateways)),
         active=_bool(spec.get('active', False), 'active'),
         default=_bool(spec.get('default', False), 'default'),
         bridge=_optional_ifname(spec.get('bridge'), 'bridge'),
@@ -202,14 +203,21 @@ def _gateways(value, ips):
     return gateways
 
 
-def _routes(value, ips):
+def _routes(value, ips, gateways):
     if not isinstance(value, list) or len(value) > MAX_ROUTES:
         raise errors.InvalidVIF('routes must be a list of at most %d routes' % MAX_ROUTES)
+    # The kernel refuses a second route to one destination ("File exists"), and
+    # a gateway already makes the default route of its family.
+    taken = {ipaddress.ip_network('0.0.0.0/0' if g.version == 4 else '::/0') for g in gateways}
     routes = []
     for item in value:
         if not isinstance(item, dict) or set(item) - {'dst', 'gw'} or 'dst' not in item:
             raise errors.InvalidVIF('a route is {"dst": CIDR, "gw": address}, not %r' % (item,))
         dst = _ip(item['dst'], 'route dst', lambda v: ipaddress.ip_network(v, strict=True))
+        if dst in taken:
+            raise errors.InvalidVIF('route to %s given twice (a gateway makes the default '
+                                    'route of its family)' % dst)
+        taken.add(dst)
         gw = item.get('gw')
         if gw is not None:
             gw = _ip(gw, 'route gw', ipaddress.ip_address)
@@ -222,7 +230,8 @@ def _routes(value, ips):
 
 
 def _ip(value, field, parse):
-    if not isinstance(value, str) or len(value) > 64:
+    # '%' would bring an IPv6 scope (zone) the kernel's address requests cannot carry.
+    if not isinstance(value, str) or len(value) > 64 or '%' in value:
         raise errors.InvalidVIF('invalid %s %r' % (field, value))
     try:
         return parse(value)

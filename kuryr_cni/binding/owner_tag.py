@@ -28,7 +28,7 @@ from kuryr_cni import vif as vif_model
 PREFIX = 'kc'
 ALIAS_PREFIX = 'kuryr-cni'
 _HASH_CHARS = 13                   # 'kc' + 13 = 15 characters, the kernel's limit
-_CONTAINER_ID = re.compile(r'^[A-Za-z0-9_.-]{1,128}$')
+_CONTAINER_ID = re.compile(r'^[A-Za-z0-9_.-]{1,128}\Z')
 
 HostDevice = collections.namedtuple('HostDevice', 'index ifname container_id pod_ifname')
 

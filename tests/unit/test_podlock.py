@@ -126,11 +126,13 @@ def test_no_descriptor_leaks(tmp_path):
     assert len(os.listdir('/proc/self/fd')) == before
 
 
-def test_remove_deletes_the_lock_file(tmp_path):
+def test_remove_deletes_the_lock_file_at_release(tmp_path):
     locks = podlock.PodLocks(str(tmp_path))
     with locks.hold(POD, deadline(1)) as remove:
         remove()
-        assert locks.held_files() == []
+        # Still held: the file stays until release, so no second holder can
+        # start on a fresh file while this one is inside its block.
+        assert locks.held_files() == ['demo_web-0.lock']
         remove()                     # twice is harmless
     assert locks.held_files() == []
     with locks.hold(POD, deadline(1)):

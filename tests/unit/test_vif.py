@@ -269,6 +269,11 @@ INVALID = [
     ('vlan_id 4095', one(kind='vlan', bridge=None, vlan_id=4095)),
     ('vlan_id true', one(kind='vlan', bridge=None, vlan_id=True)),
     ('vlan_id a string', one(kind='vlan', bridge=None, vlan_id='100')),
+    # the kernel would refuse these later, after devices were made
+    ('scoped IPv6 address', one(ips=['fd00::5%eth0/64'], gateway=None, routes=[])),
+    ('scoped IPv6 gateway', one(ips=['fd00::5/64'], gateway='fd00::1%eth0', routes=[])),
+    ('route given twice', one(routes=[{'dst': '192.168.0.0/16'}, {'dst': '192.168.0.0/16'}])),
+    ('default route and gateway', one(routes=[{'dst': '0.0.0.0/0', 'gw': '10.10.0.254'}])),
 ]
 
 
