@@ -61,6 +61,8 @@ class PodWatcher:
     restarts it.
     """
 
+    what = 'pods'     # the watched objects, for the logs
+
     def __init__(self, api_client, node_name, sink, *, watch_timeout=300,
                  request_timeout=(10, 60), backoff_max=30, backoff_initial=0.5,
                  unsynced_after=120, on_restart=None, on_event=None):
@@ -100,7 +102,7 @@ class PodWatcher:
             self._stop_event = stop_event
         stop_event = self._stop_event
         threading.Thread(target=self._cut_on_stop, daemon=True, name='watch-stopper').start()
-        LOG.info('Watching pods of node %s', self.node_name)
+        LOG.info('Watching %s of node %s', self.what, self.node_name)
         while not stop_event.is_set():
             try:
                 if self._rv is None:
@@ -115,7 +117,7 @@ class PodWatcher:
                     break
                 LOG.warning('Kubernetes API unavailable (%s); retrying', exc)
                 self._note_failure('error', backoff=True)
-        LOG.info('Stopped watching pods of node %s', self.node_name)
+        LOG.info('Stopped watching %s of node %s', self.what, self.node_name)
 
     def stop(self):
         """Ask :meth:`run` to return; safe from any thread."""
@@ -123,10 +125,17 @@ class PodWatcher:
 
     # Steps -----------------------------------------------------------------------
 
+    def _list(self, **kwargs):
+        """The list request (a watch with ``watch=True``) for the objects watched.
+
+        The one place that names the resource, so a subclass can watch
+        another one (:class:`kuryr_cni.kuryrport.KuryrPortWatcher`).
+        """
+        return self._call(self._core.list_pod_for_all_namespaces,
+                          field_selector=self._selector, **kwargs)
+
     def _relist(self):
-        response = self._call(self._core.list_pod_for_all_namespaces,
-                              field_selector=self._selector,
-                              _request_timeout=self.request_timeout)
+        response = self._list(_request_timeout=self.request_timeout)
         with self._reading(response):
             body = _read_json(response)
         try:
@@ -151,13 +160,12 @@ class PodWatcher:
         self._note_established()
         self._unsynced = False
         self.sink.mark_synced(True)
-        LOG.info('Listed %d pods of node %s at resource version %s', len(records),
+        LOG.info('Listed %d %s of node %s at resource version %s', len(records), self.what,
                  self.node_name, rv)
 
     def _watch(self):
         read_timeout = self.watch_timeout + self.request_timeout[1]
-        response = self._call(self._core.list_pod_for_all_namespaces,
-                              field_selector=self._selector, watch=True,
+        response = self._list(watch=True,
                               resource_version=self._rv, allow_watch_bookmarks=True,
                               timeout_seconds=self.watch_timeout,
                               _request_timeout=(self.request_timeout[0], read_timeout))

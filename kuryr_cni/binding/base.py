@@ -32,6 +32,25 @@ from kuryr_cni import errors
 
 
 @dataclasses.dataclass(frozen=True)
+class Options:
+    """What drivers take from the ``[binding]`` options (:mod:`kuryr_cni.conf`).
+
+    Built once per process from the parsed configuration (:meth:`from_conf`)
+    and handed to :func:`kuryr_cni.binding.get_driver`; the defaults are the
+    options' own, so tests and tools can build one without a configuration.
+    """
+
+    ovsdb_connection: str = 'unix:/run/openvswitch/db.sock'
+    link_iface: str | None = None   # parent of vlan/macvlan VIFs that name none
+    ovsdb_timeout: float = 10.0     # seconds for one OVSDB transaction, connect included
+
+    @classmethod
+    def from_conf(cls, conf):
+        return cls(ovsdb_connection=conf.binding.ovsdb_connection,
+                   link_iface=conf.binding.link_iface)
+
+
+@dataclasses.dataclass(frozen=True)
 class Plug:
     """One interface of one sandbox: where it goes and who owns it."""
 
@@ -52,8 +71,9 @@ class Driver(abc.ABC):
     kind = None
     host_side = False   # whether it makes host-side devices tagged with their owner
 
-    def __init__(self, host_netns=None):
+    def __init__(self, host_netns=None, options=None):
         self.host_netns = host_netns
+        self.options = options or Options()
 
     def __repr__(self):
         return '<%s host_netns=%s>' % (type(self).__name__, self.host_netns or 'own')
@@ -88,6 +108,29 @@ class Driver(abc.ABC):
         Returns None when everything the driver configured is still in place.
         Changes nothing.
         """
+
+    def remove_host_side(self, container_id, ifname):
+        """Remove host-side devices of (``container_id``, ``ifname``) no record describes.
+
+        Called when no record says which driver plugged the interface (a DEL
+        for an unknown sandbox, start-up reconciliation), so only what
+        carries this owner's tag is touched, and a service the driver uses
+        being absent is not an error. The default is :meth:`disconnect` of
+        a plug without namespace.
+        """
+        self.disconnect(Plug(container_id, '', ifname, False))
+
+
+def check_mtu(vif, parent_mtu, parent):
+    """Refuse a VIF whose MTU exceeds its parent's (``parent`` names it in the message).
+
+    Frames the parent cannot carry would be dropped silently, so this is a
+    configuration error (:class:`errors.InvalidVIF`), raised before anything
+    is created.
+    """
+    if parent_mtu is not None and vif.mtu > parent_mtu:
+        raise errors.InvalidVIF('VIF MTU %d is larger than the MTU %d of %s'
+                                % (vif.mtu, parent_mtu, parent))
 
 
 @contextlib.contextmanager

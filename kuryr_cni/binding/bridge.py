@@ -8,7 +8,9 @@
 
 The bridge is created (and brought up, with IPv6 address generation off)
 when it is missing, used as it is when it exists, and never given an
-address: the gateway lives on the network's router. The pod end is created
+address: the gateway lives on the network's router. A VIF whose MTU exceeds
+the bridge's is refused. The pod end is configured by
+:mod:`kuryr_cni.binding.podside`, as every driver's is. The pod end is created
 directly inside the pod namespace by the same netlink request that creates
 the pair: moving a device between namespaces afterwards costs the kernel
 ~17 ms.
@@ -21,30 +23,24 @@ pod side link up, ``lo`` up, one per address and one per route.
 
 import contextlib
 import errno
-import ipaddress
-import logging
-import socket
 
+from oslo_log import log as logging
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
 
 from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni.binding import base
 from kuryr_cni.binding import owner_tag
+from kuryr_cni.binding import podside
 
 LOG = logging.getLogger(__name__)
 
-LOOPBACK_INDEX = 1              # lo is always ifindex 1 in a network namespace
-RT_SCOPE_LINK = 253
-RT_TABLE_MAIN = 254
 _NO_IPV6_ADDRESSES = {'attrs': [('AF_INET6', {'attrs': [
     ('IFLA_INET6_ADDR_GEN_MODE', 1)]})]}   # IN6_ADDR_GEN_MODE_NONE: no link-local
-_DEFAULT = {4: ipaddress.ip_network('0.0.0.0/0'), 6: ipaddress.ip_network('::/0')}
 
 # Outcomes of _delete_host_end
-DELETED, ABSENT, FOREIGN = 'deleted', 'absent', 'foreign'
+DELETED, ABSENT, FOREIGN = podside.DELETED, podside.ABSENT, podside.FOREIGN
 
 
 class BridgeDriver(base.Driver):
@@ -66,14 +62,15 @@ class BridgeDriver(base.Driver):
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
                 netns.iproute(self.host_netns, echo=True) as host, \
                 netns.iproute(pod_fd) as pod:
-            bridge_index = self._ensure_bridge(host, vif.bridge)
+            bridge = self._ensure_bridge(host, vif.bridge)
+            base.check_mtu(vif, bridge.get('mtu'), 'bridge %s' % vif.bridge)
             reply = self._create_veth(
-                host, pod, pod_fd, host_name, owner, bridge_index, vif, plug)
+                host, pod, pod_fd, host_name, owner, bridge['index'], vif, plug)
             try:
                 host_index, pod_index = self._indexes(host, reply, host_name)
                 with base.kernel_errors('set owner alias on %s' % host_name):
                     host.link('set', index=host_index, ifalias=owner)
-                self._configure_pod(pod, pod_index, vif, plug)
+                podside.configure(pod, pod_index, vif, plug)
             except BaseException:
                 self._undo(host, host_name)
                 raise
@@ -103,7 +100,7 @@ class BridgeDriver(base.Driver):
             if outcome == DELETED or pod_fd is None:
                 return
             with netns.iproute(pod_fd) as pod:
-                self._delete_pod_end(pod, plug)
+                podside.delete(pod, plug)
 
     def check(self, vif, plug):
         """Compare host end (alias, bridge, MTU, up) and pod end (MAC, MTU, IPs, routes)."""
@@ -115,7 +112,7 @@ class BridgeDriver(base.Driver):
             with base.kernel_errors('inspect %s of container %s'
                                     % (plug.ifname, plug.container_id)):
                 problems += self._check_host_end(host, host_name, vif, plug)
-                problems += self._check_pod_end(pod, vif, plug)
+                problems += podside.check(pod, vif, plug)
         if problems:
             raise errors.CheckFailed(
                 'interface %s of container %s differs from its VIF'
@@ -124,9 +121,9 @@ class BridgeDriver(base.Driver):
     # -- connect steps -----------------------------------------------------
 
     def _ensure_bridge(self, host, name):
-        """Return the index of bridge ``name``, creating it when missing."""
+        """Return the link message of bridge ``name``, creating it when missing."""
         with base.kernel_errors('look up bridge %s' % name):
-            link = _get_link(host, name)
+            link = podside.get_link(host, name)
         if link is None:
             link = self._create_bridge(host, name)
         if link is None:
@@ -135,7 +132,7 @@ class BridgeDriver(base.Driver):
         if kind != 'bridge':
             raise errors.BindingFailed('device %s exists and is not a bridge' % name,
                                        'kind %s' % kind)
-        return link['index']
+        return link
 
     def _create_bridge(self, host, name):
         """Create bridge ``name`` up and address-less; a concurrent creator wins.
@@ -149,8 +146,8 @@ class BridgeDriver(base.Driver):
                 if exc.code != errno.EEXIST:
                     raise
                 LOG.debug('Bridge %s was created concurrently', name)
-                return _get_link(host, name)
-            link = _get_link(host, name)
+                return podside.get_link(host, name)
+            link = podside.get_link(host, name)
             # Off before it goes up, or the kernel gives it an IPv6 link-local address.
             host.link('set', index=link['index'], IFLA_AF_SPEC=_NO_IPV6_ADDRESSES)
             host.link('set', index=link['index'], state='up')
@@ -158,7 +155,10 @@ class BridgeDriver(base.Driver):
         return link
 
     def _create_veth(self, host, pod, pod_fd, host_name, owner, bridge_index, vif, plug):
-        """Create the pair in one request; return the kernel's (echoed) reply."""
+        """Create the pair in one request; return the kernel's (echoed) reply.
+
+        ``bridge_index`` None leaves the host end without a master.
+        """
         action = ('create veth %s (into bridge %s) and %s in %s'
                   % (host_name, vif.bridge, plug.ifname, plug.netns))
         with base.kernel_errors(action):
@@ -183,7 +183,7 @@ class BridgeDriver(base.Driver):
             if msg.get('ifname') == host_name and msg.get('link'):
                 return msg['index'], msg.get('link')
         with base.kernel_errors('look up %s' % host_name):     # kernel without echo
-            link = _get_link(host, host_name)
+            link = podside.get_link(host, host_name)
         if link is None or not link.get('link'):
             raise errors.BindingFailed('veth %s vanished while being set up' % host_name)
         return link['index'], link.get('link')
@@ -194,29 +194,7 @@ class BridgeDriver(base.Driver):
             raise errors.BindingFailed(
                 'host device %s exists and belongs to another owner' % host_name,
                 'expected alias %s' % owner)
-        self._delete_pod_end(pod, plug)
-
-    def _configure_pod(self, pod, index, vif, plug):
-        where = '%s in %s' % (plug.ifname, plug.netns)
-        with base.kernel_errors('bring up %s' % where):
-            pod.link('set', index=index, state='up')
-        with base.kernel_errors('bring up lo in %s' % plug.netns):
-            pod.link('set', index=LOOPBACK_INDEX, state='up')
-        for cidr in vif.ips:
-            iface = ipaddress.ip_interface(cidr)
-            # NODAD: usable at once, not "tentative" for a second or more.
-            extra = {'flags': IFA_F_NODAD} if iface.version == 6 else {}
-            with base.kernel_errors('add address %s to %s' % (cidr, where)):
-                pod.addr('add', index=index, address=str(iface.ip),
-                         prefixlen=iface.network.prefixlen, **extra)
-        for dst, gw in _wanted_routes(vif, plug):
-            spec = {'dst': str(dst), 'oif': index, 'family': _family(dst)}
-            if gw is None:
-                spec['scope'] = RT_SCOPE_LINK
-            else:
-                spec['gateway'] = str(gw)
-            with base.kernel_errors('add route %s via %s to %s' % (dst, gw or 'link', where)):
-                pod.route('add', **spec)
+        podside.delete(pod, plug)
 
     def _undo(self, host, host_name):
         """Delete a half-made pair (both ends go); never raises."""
@@ -235,7 +213,7 @@ class BridgeDriver(base.Driver):
         alias. Returns DELETED, ABSENT or FOREIGN.
         """
         with base.kernel_errors('remove host device %s' % host_name):
-            link = _get_link(host, host_name)
+            link = podside.get_link(host, host_name)
             if link is None:
                 return ABSENT
             if link.get('ifalias') not in (owner, None, ''):
@@ -248,18 +226,10 @@ class BridgeDriver(base.Driver):
                 return ABSENT
         return DELETED
 
-    def _delete_pod_end(self, pod, plug):
-        with base.kernel_errors('remove %s in %s' % (plug.ifname, plug.netns)):
-            try:
-                pod.link('del', ifname=plug.ifname)
-            except NetlinkError as exc:
-                if exc.code != errno.ENODEV:
-                    raise
-
     # -- check steps -------------------------------------------------------
 
     def _check_host_end(self, host, host_name, vif, plug):
-        link = _get_link(host, host_name)
+        link = podside.get_link(host, host_name)
         if link is None:
             return ['host device %s is missing' % host_name]
         problems = []
@@ -267,12 +237,7 @@ class BridgeDriver(base.Driver):
         if link.get('ifalias') != owner:
             problems.append('host device %s has alias %r, not %r'
                             % (host_name, link.get('ifalias'), owner))
-        bridge = _get_link(host, vif.bridge)
-        if bridge is None:
-            problems.append('bridge %s is missing' % vif.bridge)
-        elif link.get('master') != bridge['index']:
-            problems.append('host device %s is not enslaved to bridge %s'
-                            % (host_name, vif.bridge))
+        problems += self._check_enslaved(host, link, vif, plug)
         if link.get('mtu') != vif.mtu:
             problems.append('host device %s has MTU %s, not %d'
                             % (host_name, link.get('mtu'), vif.mtu))
@@ -280,57 +245,11 @@ class BridgeDriver(base.Driver):
             problems.append('host device %s is down' % host_name)
         return problems
 
-    def _check_pod_end(self, pod, vif, plug):
-        link = _get_link(pod, plug.ifname)
-        if link is None:
-            return ['%s is missing in %s' % (plug.ifname, plug.netns)]
-        problems = []
-        index = link['index']
-        if link.get('address') != vif.mac:
-            problems.append('%s has MAC %s, not %s' % (plug.ifname, link.get('address'), vif.mac))
-        if link.get('mtu') != vif.mtu:
-            problems.append('%s has MTU %s, not %d' % (plug.ifname, link.get('mtu'), vif.mtu))
-        if not link['flags'] & IFF_UP:
-            problems.append('%s is down' % plug.ifname)
-        have = {ipaddress.ip_interface('%s/%d' % (a.get('address'), a['prefixlen']))
-                for a in pod.addr('dump') if a['index'] == index}
-        for cidr in vif.ips:
-            if ipaddress.ip_interface(cidr) not in have:
-                problems.append('%s lacks address %s' % (plug.ifname, cidr))
-        routes = set()
-        for route in pod.route('dump'):
-            if route.get('oif') != index or route.get('table') != RT_TABLE_MAIN:
-                continue
-            dst = route.get('dst') or ('0.0.0.0' if route['family'] == socket.AF_INET else '::')
-            dst = ipaddress.ip_network('%s/%d' % (dst, route['dst_len']))
-            gw = route.get('gateway')
-            routes.add((dst, None if gw is None else ipaddress.ip_address(gw)))
-        for dst, gw in _wanted_routes(vif, plug):
-            if (dst, gw) not in routes:
-                problems.append('%s lacks route %s via %s' % (plug.ifname, dst, gw or 'link'))
-        return problems
-
-
-def _wanted_routes(vif, plug):
-    """The (network, gateway or None) routes the pod end carries."""
-    wanted = [(ipaddress.ip_network(r.dst),
-               None if r.gw is None else ipaddress.ip_address(r.gw)) for r in vif.routes]
-    if plug.default_route:
-        for gw in vif.gateways:
-            gw = ipaddress.ip_address(gw)
-            wanted.append((_DEFAULT[gw.version], gw))
-    return wanted
-
-
-def _family(network):
-    return socket.AF_INET if network.version == 4 else socket.AF_INET6
-
-
-def _get_link(ipr, ifname):
-    """The link message of ``ifname``, or None when there is no such device."""
-    try:
-        return ipr.link('get', ifname=ifname)[0]
-    except NetlinkError as exc:
-        if exc.code == errno.ENODEV:
-            return None
-        raise
+    def _check_enslaved(self, host, link, vif, plug):
+        bridge = podside.get_link(host, vif.bridge)
+        if bridge is None:
+            return ['bridge %s is missing' % vif.bridge]
+        if link.get('master') != bridge['index']:
+            return ['host device %s is not enslaved to bridge %s'
+                    % (link.get('ifname'), vif.bridge)]
+        return []

@@ -1,21 +1,30 @@
 """The watcher process: keeps the registry's pod table in step with the API server."""
 
+import contextlib
 import threading
 
 import cotyledon
 import setproctitle
 
 from kuryr_cni import apiclient
+from kuryr_cni import kuryrport
 from kuryr_cni import metrics
 from kuryr_cni import watcher
+from kuryr_cni.daemon import heartbeat
+from kuryr_cni.daemon import ops
 
 TITLE = 'kuryr-cni-daemon: watcher'
 
 
 class WatcherService(cotyledon.Service):
-    """Runs :class:`kuryr_cni.watcher.PodWatcher` until terminated.
+    """Runs the VIF source of ``[cni_daemon] vif_source`` until terminated.
 
-    ``terminate`` stops the loop at its next wait (a watch read times out within
+    ``annotation``: a :class:`kuryr_cni.watcher.PodWatcher`. ``kuryrport``: a
+    :class:`kuryr_cni.kuryrport.KuryrPortWatcher` and, in a second thread, a
+    pod watcher for deletions, merged by :class:`kuryr_cni.kuryrport.PodVIFs`.
+
+    ``terminate`` waits for the CNI workers to drain (their ADDs may wait for
+    VIFs), then stops the loop at its next wait (a watch read times out within
     the request timeout). The watcher never raises out of its loop; if the
     process dies anyway, cotyledon starts a new one, which relists.
     """
@@ -30,14 +39,32 @@ class WatcherService(cotyledon.Service):
 
     def run(self):
         setproctitle.setproctitle(TITLE)
+        # From a thread: the watch loop itself may block on a quiet stream for
+        # up to watch_timeout plus the read timeout, which is not being stuck.
+        heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
+                            self.conf.health.heartbeat_timeout).run_in_thread(self.stop_event)
         k8s = self.conf.kubernetes
         client = apiclient.make_api_client(api_root=k8s.api_root, kubeconfig=k8s.kubeconfig,
                                            token_file=k8s.token_file, ca_file=k8s.ca_file)
-        watcher.PodWatcher(client, self.conf.cni_daemon.node_name, self.registry,
-                           watch_timeout=k8s.watch_timeout,
-                           on_restart=metrics.watch_restarted,
-                           on_event=metrics.watch_event).run(self.stop_event)
+        node = self.conf.cni_daemon.node_name
+        options = dict(watch_timeout=k8s.watch_timeout, on_restart=metrics.watch_restarted,
+                       on_event=metrics.watch_event)
+        if self.conf.cni_daemon.vif_source != 'kuryrport':
+            watcher.PodWatcher(client, node, self.registry, **options).run(self.stop_event)
+            return
+        # KuryrPorts carry the VIFs; the pods' own watch only tells deletions.
+        merged = kuryrport.PodVIFs(self.registry)
+        pods = watcher.PodWatcher(client, node, merged.pods, **options)
+        pod_thread = threading.Thread(target=pods.run, args=(self.stop_event,),
+                                      name='pod-watcher', daemon=True)
+        pod_thread.start()
+        kuryrport.KuryrPortWatcher(client, node, merged.ports, **options).run(self.stop_event)
+        pod_thread.join()
 
     def terminate(self):
+        # ADDs in flight may still wait for their VIFs: feed them until the
+        # CNI workers have drained (bounded like the workers' own drain).
+        ops.wait_for_cni_workers_to_exit(self.registry, self.conf.cni_daemon.request_timeout)
         self.stop_event.set()
-        self.registry.mark_synced(False)
+        with contextlib.suppress(ConnectionError, EOFError, OSError):   # the Manager died
+            self.registry.mark_synced(False)

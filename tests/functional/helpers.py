@@ -1,9 +1,12 @@
 """Observations the functional tests make of a running test host."""
 
+import functools
 import json
 import os
 import select
+import subprocess
 import time
+import uuid
 
 from prometheus_client import parser
 
@@ -66,6 +69,28 @@ def leftovers(node):
 
 
 NOTHING = {'devices': [], 'bindings': [], 'locks': []}
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_lacks(kind):
+    """Why this kernel cannot make a ``kind`` link (``vlan``, ``macvlan``), or None.
+
+    Tried once per session in a throwaway namespace, on a veth (some
+    kernels have no dummy module either).
+    """
+    name = 'kc-probe-%s' % uuid.uuid4().hex[:8]
+    subprocess.run(['ip', 'netns', 'add', name], check=True, capture_output=True, timeout=30)
+    try:
+        subprocess.run(['ip', '-n', name, 'link', 'add', 'p0', 'type', 'veth', 'peer', 'name',
+                        'p1'], check=True, capture_output=True, timeout=30)
+        extra = ['id', '5'] if kind == 'vlan' else ['mode', 'bridge']
+        proc = subprocess.run(['ip', '-n', name, 'link', 'add', 'link', 'p0', 'name', 'probe',
+                               'type', kind, *extra], capture_output=True, text=True, timeout=30)
+        if proc.returncode:
+            return 'this kernel cannot create %s links (%s)' % (kind, proc.stderr.strip())
+        return None
+    finally:
+        subprocess.run(['ip', 'netns', 'delete', name], capture_output=True, timeout=30)
 
 
 def wait_gone(pidfds, timeout):

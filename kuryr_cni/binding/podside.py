@@ -1,0 +1,151 @@
+"""The pod end of every binding: one interface inside the pod's namespace.
+
+Every driver ends the same way, whatever made the interface (the peer of a
+veth pair, a MACVLAN or VLAN sub-interface): it is brought up with ``lo``,
+given the VIF's addresses and routes (the default route only on the plug
+marked ``default_route``), later compared with the VIF, and removed. Those
+steps live here, shared; each works on a netlink handle already bound to the
+pod namespace (:func:`kuryr_cni.netns.iproute`) and raises what
+:func:`kuryr_cni.binding.base.kernel_errors` makes of a kernel refusal.
+"""
+
+import errno
+import ipaddress
+import socket
+
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
+from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
+
+from kuryr_cni.binding import base
+
+LOOPBACK_INDEX = 1              # lo is always ifindex 1 in a network namespace
+RT_SCOPE_LINK = 253
+RT_TABLE_MAIN = 254
+_DEFAULT = {4: ipaddress.ip_network('0.0.0.0/0'), 6: ipaddress.ip_network('::/0')}
+
+# Outcomes of delete_owned
+DELETED, ABSENT, FOREIGN = 'deleted', 'absent', 'foreign'
+
+
+def configure(pod, index, vif, plug):
+    """Bring interface ``index`` and ``lo`` up; add the VIF's addresses and routes.
+
+    One netlink request per step: link up, ``lo`` up, one per address, one
+    per route. IPv6 addresses are added without duplicate address detection
+    so they are usable at once.
+    """
+    where = '%s in %s' % (plug.ifname, plug.netns)
+    with base.kernel_errors('bring up %s' % where):
+        pod.link('set', index=index, state='up')
+    with base.kernel_errors('bring up lo in %s' % plug.netns):
+        pod.link('set', index=LOOPBACK_INDEX, state='up')
+    for cidr in vif.ips:
+        iface = ipaddress.ip_interface(cidr)
+        # NODAD: usable at once, not "tentative" for a second or more.
+        extra = {'flags': IFA_F_NODAD} if iface.version == 6 else {}
+        with base.kernel_errors('add address %s to %s' % (cidr, where)):
+            pod.addr('add', index=index, address=str(iface.ip),
+                     prefixlen=iface.network.prefixlen, **extra)
+    for dst, gw in wanted_routes(vif, plug):
+        spec = {'dst': str(dst), 'oif': index, 'family': family(dst)}
+        if gw is None:
+            spec['scope'] = RT_SCOPE_LINK
+        else:
+            spec['gateway'] = str(gw)
+        with base.kernel_errors('add route %s via %s to %s' % (dst, gw or 'link', where)):
+            pod.route('add', **spec)
+
+
+def check(pod, vif, plug):
+    """How the plug's interface differs from ``vif`` (MAC, MTU, up, addresses, routes).
+
+    Returns a list of problems, empty when everything is in place.
+    """
+    link = get_link(pod, plug.ifname)
+    if link is None:
+        return ['%s is missing in %s' % (plug.ifname, plug.netns)]
+    problems = []
+    index = link['index']
+    if link.get('address') != vif.mac:
+        problems.append('%s has MAC %s, not %s' % (plug.ifname, link.get('address'), vif.mac))
+    if link.get('mtu') != vif.mtu:
+        problems.append('%s has MTU %s, not %d' % (plug.ifname, link.get('mtu'), vif.mtu))
+    if not link['flags'] & IFF_UP:
+        problems.append('%s is down' % plug.ifname)
+    have = {ipaddress.ip_interface('%s/%d' % (a.get('address'), a['prefixlen']))
+            for a in pod.addr('dump') if a['index'] == index}
+    for cidr in vif.ips:
+        if ipaddress.ip_interface(cidr) not in have:
+            problems.append('%s lacks address %s' % (plug.ifname, cidr))
+    routes = set()
+    for route in pod.route('dump'):
+        if route.get('oif') != index or route.get('table') != RT_TABLE_MAIN:
+            continue
+        dst = route.get('dst') or ('0.0.0.0' if route['family'] == socket.AF_INET else '::')
+        dst = ipaddress.ip_network('%s/%d' % (dst, route['dst_len']))
+        gw = route.get('gateway')
+        routes.add((dst, None if gw is None else ipaddress.ip_address(gw)))
+    for dst, gw in wanted_routes(vif, plug):
+        if (dst, gw) not in routes:
+            problems.append('%s lacks route %s via %s' % (plug.ifname, dst, gw or 'link'))
+    return problems
+
+
+def delete(pod, plug):
+    """Delete the plug's interface, whoever tagged it; gone already is fine."""
+    with base.kernel_errors('remove %s in %s' % (plug.ifname, plug.netns)):
+        try:
+            pod.link('del', ifname=plug.ifname)
+        except NetlinkError as exc:
+            if exc.code != errno.ENODEV:
+                raise
+
+
+def delete_owned(pod, plug, owner):
+    """Delete the plug's interface if its alias is ``owner`` (or it has none).
+
+    For interfaces made directly in the pod namespace, which carry their
+    owner's alias themselves. One without alias is ours: its name belongs
+    to this attachment (the ownership rules refuse a taken name) and it was
+    left by a connect that died before setting the alias. Returns DELETED,
+    ABSENT or FOREIGN (left alone).
+    """
+    with base.kernel_errors('remove %s in %s' % (plug.ifname, plug.netns)):
+        link = get_link(pod, plug.ifname)
+        if link is None:
+            return ABSENT
+        if link.get('ifalias') not in (owner, None, ''):
+            return FOREIGN
+        try:
+            pod.link('del', index=link['index'])
+        except NetlinkError as exc:
+            if exc.code != errno.ENODEV:
+                raise
+            return ABSENT
+    return DELETED
+
+
+def wanted_routes(vif, plug):
+    """The (network, gateway or None) routes the pod end carries."""
+    wanted = [(ipaddress.ip_network(r.dst),
+               None if r.gw is None else ipaddress.ip_address(r.gw)) for r in vif.routes]
+    if plug.default_route:
+        for gw in vif.gateways:
+            gw = ipaddress.ip_address(gw)
+            wanted.append((_DEFAULT[gw.version], gw))
+    return wanted
+
+
+def family(network):
+    return socket.AF_INET if network.version == 4 else socket.AF_INET6
+
+
+def get_link(ipr, ifname):
+    """The link message of ``ifname``, or None when there is no such device."""
+    try:
+        return ipr.link('get', ifname=ifname)[0]
+    except NetlinkError as exc:
+        if exc.code == errno.ENODEV:
+            return None
+        raise

@@ -1,0 +1,322 @@
+"""The macvlan and vlan binding drivers (nested pods) against a real kernel.
+
+A veth pair stands in for the VM's trunk port: ``trunk0`` in the node
+namespace is the parent; its peer sits in a "router" namespace holding the
+gateways (directly for macvlan, on VLAN 100 of the peer for vlan), so pods
+reach them through the parent. Every vlan test first checks that this kernel
+can make an 802.1Q link at all, and skips with that reason where it cannot
+(the kernel of the development machines has no 8021q module; the driver's
+requests are also checked without a kernel in tests/unit/test_nested_requests.py).
+"""
+
+import shutil
+
+import pytest
+
+from kuryr_cni import binding
+from kuryr_cni import errors
+from kuryr_cni import vif as vif_model
+from kuryr_cni.binding import owner_tag
+from tests.functional.conftest import CAN_RUN
+from tests.functional.conftest import GATEWAY4
+from tests.functional.conftest import GATEWAY6
+from tests.functional.conftest import SKIP_REASON
+from tests.functional import helpers
+
+pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)
+
+needs_ping = pytest.mark.skipif(shutil.which('ping') is None,
+                                reason='ping (iputils-ping) is not installed')
+
+PARENT = 'trunk0'
+VLAN_ID = 100
+MTU = 1450
+
+
+@pytest.fixture(params=['macvlan', 'vlan'])
+def kind(request):
+    if not CAN_RUN:
+        pytest.skip(SKIP_REASON)
+    reason = helpers.kernel_lacks(request.param)
+    if reason:
+        pytest.skip(reason)
+    return request.param
+
+
+@pytest.fixture
+def node(netns_factory, kind):
+    """The node namespace with the trunk ``trunk0``; its peer in a router namespace."""
+    node = netns_factory()
+    router = netns_factory()
+    node.ip('link', 'set', 'lo', 'up')
+    node.ip('link', 'add', PARENT, 'type', 'veth', 'peer', 'name', 'peer0',
+            'netns', router.name)
+    node.ip('link', 'set', PARENT, 'up')
+    router.ip('link', 'set', 'peer0', 'up')
+    gateway_dev = 'peer0'
+    if kind == 'vlan':
+        gateway_dev = 'peer0.%d' % VLAN_ID
+        router.ip('link', 'add', 'link', 'peer0', 'name', gateway_dev, 'type', 'vlan',
+                  'id', str(VLAN_ID))
+        router.ip('link', 'set', gateway_dev, 'up')
+    router.ip('addr', 'add', GATEWAY4 + '/24', 'dev', gateway_dev)
+    router.ip('addr', 'add', GATEWAY6 + '/64', 'dev', gateway_dev, 'nodad')
+    return node
+
+
+@pytest.fixture
+def driver(node, kind):
+    return binding.get_driver(kind, host_netns=node.path)
+
+
+def make_vif(kind, n=5, **changes):
+    spec = {'kind': kind, 'port_id': 'port-%d' % n, 'mac': 'fa:16:3e:00:00:%02x' % n,
+            'mtu': MTU, 'parent': PARENT, 'ips': ['10.99.0.%d/24' % n, 'fd99::%x/64' % n],
+            'gateway': [GATEWAY4, GATEWAY6],
+            'routes': [{'dst': '192.168.0.0/16', 'gw': '10.99.0.254'},
+                       {'dst': '172.16.0.0/12'},
+                       {'dst': 'fd42::/48', 'gw': 'fd99::fe'}],
+            'active': True}
+    if kind == 'vlan':
+        spec['vlan_id'] = VLAN_ID
+    spec.update(changes)
+    return vif_model.parse_vif(spec)
+
+
+def make_plug(ns, container_id='c0ffee', ifname='eth0', default_route=True):
+    return binding.Plug(container_id, ns.path, ifname, default_route)
+
+
+def pings(ns, address):
+    return ns.run('ping', '-c1', '-W2', '-q', address).returncode == 0
+
+
+# -- connect -----------------------------------------------------------------
+
+def test_connect_makes_the_sub_interface_in_the_pod(node, pod_ns, driver, kind):
+    pod = pod_ns()
+    before = set(node.links())
+    driver.connect(make_vif(kind), make_plug(pod))
+
+    eth0 = pod.link('eth0')
+    assert eth0['linkinfo']['info_kind'] == kind
+    if kind == 'vlan':
+        assert eth0['linkinfo']['info_data']['id'] == VLAN_ID
+    else:
+        assert eth0['linkinfo']['info_data']['mode'] == 'bridge'
+    assert eth0['link_index'] == node.links()[PARENT]['ifindex']
+    assert eth0['ifalias'] == 'kuryr-cni:c0ffee:eth0'
+    assert eth0['address'] == 'fa:16:3e:00:00:05' and eth0['mtu'] == MTU
+    assert 'UP' in eth0['flags'] and 'UP' in pod.links()['lo']['flags']
+    assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
+    assert {('default', GATEWAY4, 'eth0'), ('default', GATEWAY6, 'eth0'),
+            ('192.168.0.0/16', '10.99.0.254', 'eth0'), ('172.16.0.0/12', None, 'eth0'),
+            ('fd42::/48', 'fd99::fe', 'eth0')} <= pod.routes()
+    assert set(node.links()) == before          # nothing on the host side
+
+
+@needs_ping
+def test_pod_reaches_both_gateways_through_the_parent(pod_ns, driver, kind):
+    pod = pod_ns()
+    driver.connect(make_vif(kind), make_plug(pod))
+    assert pings(pod, GATEWAY4)
+    assert pings(pod, GATEWAY6)
+
+
+@needs_ping
+def test_two_pods_on_one_parent_reach_each_other(pod_ns, driver, kind):
+    a, b = pod_ns(), pod_ns()
+    driver.connect(make_vif(kind, 5), make_plug(a, 'sandbox-a'))
+    driver.connect(make_vif(kind, 6, vlan_id=VLAN_ID + 1) if kind == 'vlan'
+                   else make_vif(kind, 6), make_plug(b, 'sandbox-b'))
+    if kind == 'macvlan':        # bridge mode: straight through the parent
+        assert pings(a, '10.99.0.6')
+    assert pings(b, GATEWAY4) is (kind == 'macvlan')   # VLAN 101 has no gateway here
+
+
+def test_default_route_only_on_the_default_interface(pod_ns, driver, kind):
+    pod = pod_ns()
+    second = make_vif(kind, 7, ips=['10.98.0.7/24', 'fd98::7/64'],
+                      gateway=['10.98.0.1', 'fd98::1'],
+                      routes=[{'dst': '10.30.0.0/16', 'gw': '10.98.0.254'}],
+                      **({'vlan_id': VLAN_ID + 7} if kind == 'vlan' else {}))
+    driver.connect(make_vif(kind), make_plug(pod, ifname='eth0'))
+    driver.connect(second, make_plug(pod, ifname='eth1', default_route=False))
+
+    routes = pod.routes()
+    defaults = {r for r in routes if r[0] == 'default'}
+    assert defaults == {('default', GATEWAY4, 'eth0'), ('default', GATEWAY6, 'eth0')}
+    assert ('10.30.0.0/16', '10.98.0.254', 'eth1') in routes
+    assert pod.addresses('eth1') == {'10.98.0.7/24', 'fd98::7/64'}
+
+
+def test_connect_twice_converges_on_one_interface(pod_ns, driver, kind):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(kind), plug)
+    driver.connect(make_vif(kind), plug)
+    driver.check(make_vif(kind), plug)
+    assert sorted(pod.links()) == ['eth0', 'lo']
+
+
+def test_connect_replaces_its_own_half_made_interface(node, pod_ns, driver, kind):
+    """A connect that died after creation left eth0 without alias or addresses."""
+    pod = pod_ns()
+    extra = ['id', str(VLAN_ID)] if kind == 'vlan' else ['mode', 'bridge']
+    node.ip('link', 'add', 'link', PARENT, 'name', 'eth0', 'netns', pod.name, 'type', kind,
+            *extra)
+    driver.connect(make_vif(kind), make_plug(pod))
+    assert pod.link('eth0')['ifalias'] == 'kuryr-cni:c0ffee:eth0'
+    assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
+
+
+def test_connect_never_takes_over_a_foreign_interface(node, pod_ns, driver, kind):
+    pod = pod_ns()
+    extra = ['id', str(VLAN_ID)] if kind == 'vlan' else ['mode', 'bridge']
+    node.ip('link', 'add', 'link', PARENT, 'name', 'eth0', 'netns', pod.name, 'type', kind,
+            *extra)
+    pod.ip('link', 'set', 'eth0', 'alias', 'kuryr-cni:someone-else:eth0')
+
+    with pytest.raises(errors.BindingFailed, match='belongs to another owner'):
+        driver.connect(make_vif(kind), make_plug(pod))
+    assert pod.link('eth0')['ifalias'] == 'kuryr-cni:someone-else:eth0'
+
+
+def test_connect_refuses_an_mtu_larger_than_the_parents(node, pod_ns, driver, kind):
+    pod = pod_ns()
+    node.ip('link', 'set', PARENT, 'mtu', '1400')
+    with pytest.raises(errors.InvalidVIF, match='MTU 1450 is larger than the MTU 1400 of '
+                                                'parent trunk0') as exc:
+        driver.connect(make_vif(kind), make_plug(pod))
+    assert exc.value.code == 7
+    assert sorted(pod.links()) == ['lo']
+
+
+def test_parent_defaults_to_link_iface(node, pod_ns, kind):
+    pod = pod_ns()
+    driver = binding.get_driver(kind, host_netns=node.path,
+                                options=binding.Options(link_iface=PARENT))
+    driver.connect(make_vif(kind, parent=None), make_plug(pod))
+    assert pod.link('eth0')['link_index'] == node.links()[PARENT]['ifindex']
+
+
+def test_connect_without_any_parent_or_a_missing_one(pod_ns, driver, kind):
+    pod = pod_ns()
+    with pytest.raises(errors.InvalidVIF, match='names no parent'):
+        driver.connect(make_vif(kind, parent=None), make_plug(pod))
+    with pytest.raises(errors.BindingFailed, match='parent interface nope0 does not exist'):
+        driver.connect(make_vif(kind, parent='nope0'), make_plug(pod))
+    assert sorted(pod.links()) == ['lo']
+
+
+def test_failed_connect_leaves_nothing_behind(pod_ns, driver, kind):
+    """A default route already in the pod makes the last step fail."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
+    pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
+    pod.ip('link', 'set', 'other0', 'up')
+    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+
+    with pytest.raises(errors.BindingFailed) as exc:
+        driver.connect(make_vif(kind), make_plug(pod))
+    assert exc.value.code == 101 and 'File exists' in exc.value.details
+    assert 'eth0' not in pod.links()
+
+
+# -- an older sandbox of the same pod ----------------------------------------
+
+def test_older_sandbox_blocks_until_its_owner_tagged_interface_is_removed(
+        pod_ns, driver, kind):
+    """The kernel refuses a second VLAN ID / an address already up on the parent.
+
+    Removing the old sandbox's interface is disconnect of *its* plug (its
+    namespace comes from the pod binding), which deletes it only because its
+    alias names that sandbox; the new sandbox then plugs.
+    """
+    old_ns, new_ns = pod_ns(), pod_ns()
+    old, new = make_plug(old_ns, 'sandbox-a'), make_plug(new_ns, 'sandbox-b')
+    driver.connect(make_vif(kind), old)
+
+    with pytest.raises(errors.BindingFailed) as exc:
+        driver.connect(make_vif(kind), new)
+    expected = 'VLAN 100 on trunk0 is held' if kind == 'vlan' else 'Address already in use'
+    assert expected in exc.value.msg + exc.value.details
+    assert 'eth0' not in new_ns.links()
+    assert old_ns.link('eth0')['ifalias'] == 'kuryr-cni:sandbox-a:eth0'
+
+    driver.disconnect(new)                      # the new one's DEL: not its interface
+    assert 'eth0' in old_ns.links()
+    driver.disconnect(old)                      # eviction by the old one's record
+    assert 'eth0' not in old_ns.links()
+    driver.connect(make_vif(kind), new)
+    driver.check(make_vif(kind), new)
+
+
+# -- disconnect ----------------------------------------------------------------
+
+def test_disconnect_removes_the_interface_and_is_idempotent(pod_ns, driver, kind):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(kind), plug)
+    driver.disconnect(plug)
+    assert sorted(pod.links()) == ['lo']
+    driver.disconnect(plug)
+    driver.disconnect(binding.Plug(plug.container_id, '', 'eth0', True))   # second DEL
+
+
+def test_disconnect_after_the_namespace_is_gone(netns_factory, driver, kind):
+    pod = netns_factory()
+    plug = make_plug(pod)
+    driver.connect(make_vif(kind), plug)
+    pod.delete()
+    driver.disconnect(plug)
+
+
+def test_disconnect_leaves_a_foreign_interface(pod_ns, driver, kind):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(kind), plug)
+    pod.ip('link', 'set', 'eth0', 'alias', 'kuryr-cni:sandbox-z:eth0')
+    driver.disconnect(plug)
+    assert 'eth0' in pod.links()
+
+
+# -- check -------------------------------------------------------------------
+
+@pytest.mark.parametrize('change, complaint', [
+    (('link', 'set', 'eth0', 'address', 'fa:16:3e:00:00:99'), 'has MAC'),
+    (('addr', 'del', 'fd99::5/64', 'dev', 'eth0'), 'lacks address fd99::5/64'),
+    (('route', 'del', '172.16.0.0/12'), 'lacks route 172.16.0.0/12'),
+    (('link', 'set', 'eth0', 'alias', 'x'), 'has alias'),
+    (('link', 'set', 'eth0', 'down'), 'is down'),
+    (('link', 'del', 'eth0'), 'eth0 is missing'),
+])
+def test_check_passes_then_reports_the_difference(pod_ns, driver, kind, change, complaint):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(kind), plug)
+    driver.check(make_vif(kind), plug)
+    pod.ip(*change)
+    with pytest.raises(errors.CheckFailed) as exc:
+        driver.check(make_vif(kind), plug)
+    assert exc.value.code == 100 and complaint in exc.value.details
+
+
+def test_check_notices_another_vlan_or_mode(pod_ns, driver, kind):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(kind), plug)
+    if kind == 'vlan':
+        other, complaint = make_vif(kind, vlan_id=VLAN_ID + 1), 'has VLAN ID 100, not 101'
+    else:
+        other, complaint = make_vif('vlan', vlan_id=3), 'is a macvlan interface, not vlan'
+        driver = binding.get_driver('vlan', host_netns=driver.host_netns)
+    with pytest.raises(errors.CheckFailed) as exc:
+        driver.check(other, plug)
+    assert complaint in exc.value.details
+
+
+def test_owner_tag_is_on_the_pod_side(pod_ns, driver, kind):
+    pod = pod_ns()
+    driver.connect(make_vif(kind), make_plug(pod, 'sandbox-q', 'net1', False))
+    assert owner_tag.parse_alias(pod.link('net1')['ifalias']) == ('sandbox-q', 'net1')

@@ -1,0 +1,330 @@
+"""The ovs binding driver against a real, private Open vSwitch.
+
+Each test runs its own ``ovsdb-server`` and ``ovs-vswitchd``
+(:class:`kuryr_cni.testbed.ovs.PrivateOVS`: private database, sockets,
+pidfiles and run directory; the system service is never involved), the switch
+inside the test's node namespace, with the userspace ``netdev`` datapath: the
+veth host end is a system port (``type ""``) read through AF_PACKET, and the
+bridge's own port is a tap device holding the gateways, so pings really
+cross the switch.
+"""
+
+import shutil
+import socket
+import time
+
+import pytest
+
+from kuryr_cni import binding
+from kuryr_cni import errors
+from kuryr_cni import vif as vif_model
+from kuryr_cni.binding import ovs as ovs_driver
+from kuryr_cni.binding import owner_tag
+from kuryr_cni.testbed import ovs as testovs
+from tests.functional.conftest import CAN_RUN
+from tests.functional.conftest import SKIP_REASON
+
+pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)
+
+needs_ping = pytest.mark.skipif(shutil.which('ping') is None,
+                                reason='ping (iputils-ping) is not installed')
+
+BRIDGE = 'br-int'
+GATEWAY4 = '10.88.0.1'
+GATEWAY6 = 'fd88::1'
+MTU = 1450
+
+
+@pytest.fixture
+def node(netns_factory):
+    reason = testovs.missing()
+    if reason:
+        pytest.skip(reason)
+    ns = netns_factory()
+    ns.ip('link', 'set', 'lo', 'up')
+    return ns
+
+
+@pytest.fixture
+def switch(node):
+    with testovs.PrivateOVS(node.name) as private:
+        private.add_bridge(BRIDGE)
+        # The bridge's own port (a tap device with the netdev datapath) plays the router.
+        node.ip('addr', 'add', GATEWAY4 + '/24', 'dev', BRIDGE)
+        node.ip('addr', 'add', GATEWAY6 + '/64', 'dev', BRIDGE, 'nodad')
+        node.ip('link', 'set', BRIDGE, 'up')
+        yield private
+
+
+@pytest.fixture
+def driver(node, switch):
+    return binding.get_driver('ovs', host_netns=node.path,
+                              options=binding.Options(ovsdb_connection=switch.connection))
+
+
+def make_vif(n=5, **changes):
+    spec = {'kind': 'ovs', 'port_id': '5d0b-port-%d' % n, 'mac': 'fa:16:3e:00:01:%02x' % n,
+            'mtu': MTU, 'bridge': BRIDGE, 'ips': ['10.88.0.%d/24' % n, 'fd88::%x/64' % n],
+            'gateway': [GATEWAY4, GATEWAY6],
+            'routes': [{'dst': '192.168.0.0/16', 'gw': '10.88.0.254'}], 'active': True}
+    spec.update(changes)
+    return vif_model.parse_vif(spec)
+
+
+def make_plug(ns, container_id='c0ffee', ifname='eth0', default_route=True):
+    return binding.Plug(container_id, ns.path, ifname, default_route)
+
+
+def pings(ns, address):
+    return ns.run('ping', '-c1', '-W2', '-q', address).returncode == 0
+
+
+def external_ids(switch, name):
+    row = switch.interface(name)
+    return dict(row['external_ids'][1]) if row else None
+
+
+# -- connect -----------------------------------------------------------------
+
+def test_connect_adds_the_host_end_as_an_owned_ovs_port(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    plug = make_plug(pod, container_id='sandbox-a')
+    driver.connect(make_vif(), plug)
+
+    name = owner_tag.host_ifname('sandbox-a', 'eth0')
+    assert switch.ports(BRIDGE) == {name}
+    assert external_ids(switch, name) == {
+        'iface-id': '5d0b-port-5', 'attached-mac': 'fa:16:3e:00:01:05',
+        'iface-status': 'active', 'container-id': 'sandbox-a',
+        'kuryr-cni-owner': 'kuryr-cni:sandbox-a:eth0'}
+    row = switch.interface(name)
+    assert row['type'] == '' and row['ofport'] > 0 and row['error'] == ['set', []]
+    host_end = node.links()[name]
+    assert host_end['ifalias'] == 'kuryr-cni:sandbox-a:eth0'
+    assert 'master' not in host_end and 'UP' in host_end['flags'] and host_end['mtu'] == MTU
+    eth0 = pod.link('eth0')
+    assert eth0['address'] == 'fa:16:3e:00:01:05' and eth0['mtu'] == MTU
+    assert pod.addresses('eth0') == {'10.88.0.5/24', 'fd88::5/64'}
+    assert {('default', GATEWAY4, 'eth0'), ('default', GATEWAY6, 'eth0'),
+            ('192.168.0.0/16', '10.88.0.254', 'eth0')} <= pod.routes()
+
+
+@needs_ping
+def test_traffic_crosses_the_userspace_switch(pod_ns, driver):
+    """Right after connect: it waits until ovs-vswitchd has attached the port."""
+    a, b = pod_ns(), pod_ns()
+    driver.connect(make_vif(5), make_plug(a, 'sandbox-a'))
+    driver.connect(make_vif(6), make_plug(b, 'sandbox-b'))
+    assert pings(a, GATEWAY4)
+    assert pings(a, GATEWAY6)
+    assert pings(b, '10.88.0.5')
+
+
+def test_secondary_interface_and_no_default_route(pod_ns, switch, driver):
+    pod = pod_ns()
+    driver.connect(make_vif(5), make_plug(pod, ifname='eth0'))
+    driver.connect(make_vif(6, ips=['10.88.0.6/24'], gateway=GATEWAY4, routes=[]),
+                   make_plug(pod, ifname='eth1', default_route=False))
+    defaults = {r for r in pod.routes() if r[0] == 'default'}
+    assert defaults == {('default', GATEWAY4, 'eth0'), ('default', GATEWAY6, 'eth0')}
+    assert len(switch.ports(BRIDGE)) == 2
+
+
+def test_connect_twice_converges_on_one_port(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    driver.connect(make_vif(), plug)
+    driver.check(make_vif(), plug)
+    assert switch.ports(BRIDGE) == {owner_tag.host_ifname('c0ffee', 'eth0')}
+
+
+def test_connect_replaces_a_leftover_row_of_its_own(pod_ns, switch, driver):
+    """A connect that died after the OVSDB transaction left the row, not the device."""
+    pod = pod_ns()
+    name = owner_tag.host_ifname('c0ffee', 'eth0')
+    switch.vsctl('add-port', BRIDGE, name, '--', 'set', 'Interface', name,
+                 'external_ids:kuryr-cni-owner=kuryr-cni:c0ffee:eth0')
+    driver.connect(make_vif(), make_plug(pod))
+    assert external_ids(switch, name)['iface-id'] == '5d0b-port-5'
+
+
+def test_connect_never_takes_over_a_foreign_row(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    name = owner_tag.host_ifname('c0ffee', 'eth0')
+    switch.vsctl('add-port', BRIDGE, name, '--', 'set', 'Interface', name,
+                 'external_ids:kuryr-cni-owner=kuryr-cni:someone:eth0')
+    with pytest.raises(errors.BindingFailed, match='belongs to another owner'):
+        driver.connect(make_vif(), make_plug(pod))
+    assert external_ids(switch, name)['kuryr-cni-owner'] == 'kuryr-cni:someone:eth0'
+    assert name not in node.links() and 'eth0' not in pod.links()
+
+
+def test_failed_connect_leaves_no_device_and_no_row(node, pod_ns, switch, driver):
+    """A default route already in the pod makes the last step fail."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
+    pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
+    pod.ip('link', 'set', 'other0', 'up')
+    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    with pytest.raises(errors.BindingFailed, match='add route'):
+        driver.connect(make_vif(), make_plug(pod))
+    assert switch.ports(BRIDGE) == set()
+    assert not [n for n in node.links() if n.startswith(owner_tag.PREFIX)]
+    assert 'eth0' not in pod.links()
+
+
+def test_connect_refuses_an_mtu_larger_than_the_bridges(pod_ns, switch, driver):
+    pod = pod_ns()
+    switch.vsctl('set', 'Interface', BRIDGE, 'mtu_request=1400')
+    with pytest.raises(errors.InvalidVIF, match='MTU 1450 is larger than the MTU 1400 of '
+                                                'Open vSwitch bridge br-int'):
+        driver.connect(make_vif(), make_plug(pod))
+    assert switch.ports(BRIDGE) == set()
+
+
+def test_connect_refuses_a_missing_bridge(pod_ns, driver):
+    with pytest.raises(errors.BindingFailed, match='bridge br-ex does not exist'):
+        driver.connect(make_vif(bridge='br-ex'), make_plug(pod_ns()))
+
+
+# -- OVSDB down or silent: bounded, code 11 ----------------------------------------
+
+def test_unreachable_ovsdb_is_try_again_later_and_touches_nothing(node, pod_ns, tmp_path):
+    pod = pod_ns()
+    driver = binding.get_driver('ovs', host_netns=node.path, options=binding.Options(
+        ovsdb_connection='unix:%s' % (tmp_path / 'absent.sock')))
+    with pytest.raises(errors.TryAgainLater, match='cannot reach OVSDB') as exc:
+        driver.connect(make_vif(), make_plug(pod))
+    assert exc.value.code == 11
+    assert sorted(pod.links()) == ['lo']
+
+
+def test_silent_ovsdb_is_bounded_by_the_timeout(node, pod_ns, tmp_path):
+    path = str(tmp_path / 'silent.sock')
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.bind(path)
+        silent.listen(8)        # accepts into the backlog, never answers
+        driver = ovs_driver.OvsDriver(host_netns=node.path, options=binding.Options(
+            ovsdb_connection='unix:' + path, ovsdb_timeout=0.5))
+        started = time.monotonic()
+        with pytest.raises(errors.TryAgainLater, match='did not answer in time'):
+            driver.connect(make_vif(), make_plug(pod_ns()))
+        assert time.monotonic() - started < 3
+
+
+def test_stopped_switch_fails_the_add_after_the_timeout(node, pod_ns, switch):
+    """ovsdb-server answers but ovs-vswitchd never applies the port."""
+    driver = ovs_driver.OvsDriver(host_netns=node.path, options=binding.Options(
+        ovsdb_connection=switch.connection, ovsdb_timeout=1.0))
+    switch.stop_switch()
+    pod = pod_ns()
+    with pytest.raises(errors.TryAgainLater, match='ovs-vswitchd did not apply'):
+        driver.connect(make_vif(), make_plug(pod))
+    assert switch.ports(BRIDGE) == set()
+    assert 'eth0' not in pod.links()
+
+
+# -- disconnect ----------------------------------------------------------------
+
+def test_disconnect_removes_row_and_device_and_is_idempotent(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    driver.disconnect(plug)
+    assert switch.ports(BRIDGE) == set()
+    assert not [n for n in node.links() if n.startswith(owner_tag.PREFIX)]
+    assert sorted(pod.links()) == ['lo']
+    driver.disconnect(plug)
+    driver.disconnect(binding.Plug(plug.container_id, '', 'eth0', True))
+
+
+def test_disconnect_of_a_never_removes_b(pod_ns, switch, driver):
+    a, b = pod_ns(), pod_ns()
+    driver.connect(make_vif(), make_plug(a, 'sandbox-a'))
+    driver.connect(make_vif(), make_plug(b, 'sandbox-b'))     # same port: B replaces A
+    driver.disconnect(make_plug(a, 'sandbox-a'))
+    assert switch.ports(BRIDGE) == {owner_tag.host_ifname('sandbox-b', 'eth0')}
+    driver.check(make_vif(), make_plug(b, 'sandbox-b'))
+
+
+def test_disconnect_spares_a_row_owned_by_someone_else(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    name = owner_tag.host_ifname('c0ffee', 'eth0')
+    switch.vsctl('set', 'Interface', name, 'external_ids:kuryr-cni-owner=kuryr-cni:x:eth0')
+    driver.disconnect(plug)
+    assert switch.ports(BRIDGE) == {name}
+
+
+def test_disconnect_with_ovsdb_down_is_try_again_later(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    switch.close()
+    with pytest.raises(errors.TryAgainLater):
+        driver.disconnect(plug)
+    assert owner_tag.host_ifname('c0ffee', 'eth0') in node.links()   # kept for the retry
+
+
+def test_unrecorded_removal_works_without_ovsdb(node, pod_ns, switch, driver):
+    """remove_host_side (DEL of an unknown sandbox) on a node whose OVSDB is gone."""
+    pod = pod_ns()
+    driver.connect(make_vif(), make_plug(pod))
+    switch.close()
+    binding.remove_tagged_host_device('c0ffee', 'eth0', node.path, driver.options)
+    assert owner_tag.host_ifname('c0ffee', 'eth0') not in node.links()
+    assert 'eth0' not in pod.links()
+
+
+def test_unrecorded_removal_removes_the_row_too(node, pod_ns, switch, driver):
+    pod = pod_ns()
+    driver.connect(make_vif(), make_plug(pod))
+    binding.remove_tagged_host_device('c0ffee', 'eth0', node.path, driver.options)
+    assert switch.ports(BRIDGE) == set()
+    assert owner_tag.host_ifname('c0ffee', 'eth0') not in node.links()
+
+
+# -- check -------------------------------------------------------------------
+
+@pytest.mark.parametrize('change, complaint', [
+    (('set', 'Interface', '{name}', 'external_ids:iface-id=other'),
+     "external_ids:iface-id='other', not '5d0b-port-5'"),
+    (('remove', 'Interface', '{name}', 'external_ids', 'attached-mac'),
+     'external_ids:attached-mac=None'),
+    (('del-port', BRIDGE, '{name}'), 'OVS port {name} is missing'),
+])
+def test_check_passes_then_reports_the_difference(pod_ns, switch, driver, change, complaint):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    driver.check(make_vif(), plug)
+    name = owner_tag.host_ifname('c0ffee', 'eth0')
+    switch.vsctl(*[a.format(name=name) for a in change])
+    with pytest.raises(errors.CheckFailed) as exc:
+        driver.check(make_vif(), plug)
+    assert complaint.format(name=name) in exc.value.details
+
+
+def test_check_reports_pod_side_differences_too(pod_ns, driver):
+    pod = pod_ns()
+    plug = make_plug(pod)
+    driver.connect(make_vif(), plug)
+    pod.ip('addr', 'del', 'fd88::5/64', 'dev', 'eth0')
+    with pytest.raises(errors.CheckFailed, match='differs') as exc:
+        driver.check(make_vif(), plug)
+    assert 'lacks address fd88::5/64' in exc.value.details
+
+
+def test_connect_is_quick(pod_ns, driver):
+    """A loose bound; the median of the hot path is in the report."""
+    pod = pod_ns()
+    durations = []
+    for i in range(5):
+        plug = make_plug(pod, container_id='quick-%d' % i)
+        started = time.perf_counter()
+        driver.connect(make_vif(), plug)
+        durations.append(time.perf_counter() - started)
+        driver.disconnect(plug)
+    assert sorted(durations)[2] < 0.5
