@@ -159,6 +159,18 @@ def iproute(path=None, *, timeout=NETLINK_TIMEOUT, echo=False):
         sock.close()
 
 
+def link_names(path, host=None):
+    """Names of the network devices in the pod namespace ``path``.
+
+    ``path`` is checked as by :func:`check_netns`. The names come from
+    ``if_nameindex(3)`` called in a throwaway thread inside the namespace: a
+    read of ~0.05 ms, where a netlink handle and a dump of the links take
+    ~2 ms (an ADD asks once or twice).
+    """
+    with open_netns(path, host=host) as fd:
+        return {name for _index, name in _in_netns(fd, socket.if_nameindex)}
+
+
 def socket_in(path, family, type, proto=0):
     """Return a new socket created inside a network namespace.
 
@@ -182,7 +194,8 @@ def _in_netns(fd, create):
 
     See the module docstring for why the calling thread must never enter a
     namespace itself. ``create`` must only build and return an object bound
-    to the namespace (a socket); it runs with no lock held.
+    to the namespace (a socket) or read the namespace (its device names); it
+    runs with no lock held.
     """
     outcome = {}
 

@@ -32,8 +32,10 @@ from kuryr_cni import binding as drivers
 from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni import netns
+from kuryr_cni import podview
 from kuryr_cni import vif as vif_model
 from kuryr_cni.binding import base
+from kuryr_cni.cni import prevresult
 from kuryr_cni.cni import result as cni_result
 
 LOG = logging.getLogger(__name__)
@@ -44,12 +46,15 @@ _POLL_MAX = 0.1
 
 
 class Ownership:
-    def __init__(self, registry, store, locks, vif_timeout, host_netns=None):
+    def __init__(self, registry, store, locks, vif_timeout, host_netns=None,
+                 binding_options=None, events=None):
         self.registry = registry
         self.store = store
         self.locks = locks
         self.vif_timeout = vif_timeout
         self.host_netns = host_netns
+        self.binding_options = binding_options   # kuryr_cni.binding.Options; None: defaults
+        self.events = events     # kuryr_cni.events.EventPoster, or None: no Kubernetes Events
 
     # ADD ------------------------------------------------------------------
 
@@ -60,11 +65,28 @@ class Ownership:
         try:
             wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
-            self._wait(pod, wait_until, 'the pod', lambda record: True)
-            with self.locks.hold(pod.key, deadline):
+            record = self._wait(pod, wait_until, 'the pod', lambda record: record)
+            # The VIFs are usually active by now: then claim, evict and plug under
+            # one hold of the lock, and the 'plugging' write persists the claim.
+            vifs = _vifs_ready(record)
+            with self.locks.hold(pod.key, deadline) as remove_lock:
                 binding = self._load(pod.key)
-                self._claim(binding, req)
+                try:
+                    self._refuse_foreign_ifname(binding, req)
+                except errors.CNIError:
+                    if not binding['sandboxes']:
+                        remove_lock()   # a refused first ADD leaves no trace
+                    raise
+                self._claim(binding, req, save=vifs is None)
                 self._evict_others(binding, req.container_id)
+                if vifs is not None:
+                    metrics.vif_waited(time.monotonic() - started)
+                    try:
+                        return self._plug(binding, req, vifs)
+                    except errors.CNIError:
+                        if self.store.load(pod.key) is None:
+                            remove_lock()   # refused before anything was written
+                        raise
             vifs = self._wait(pod, wait_until, 'its VIFs to be active', _vifs_ready)
             metrics.vif_waited(time.monotonic() - started)
             with self.locks.hold(pod.key, deadline):
@@ -82,25 +104,39 @@ class Ownership:
 
         Polling (not a Manager Condition) because a worker killed while holding
         a Manager-side lock would wedge every waiter; a poll costs ~0.2 ms.
+        A record without UID (a static pod's KuryrPort) matches any UID; a
+        ``gone`` record (the pod was deleted before its VIFs were published)
+        fails at once. A timeout is also reported as a Kubernetes Event on
+        the pod (``events``, best effort, never waited for).
         """
         delay = _POLL_FIRST
+        started = time.monotonic()
         while True:
             record = self.registry.pods.get(pod.key)
-            if record and (pod.uid is None or record['uid'] == pod.uid) \
-                    and not record.get('deleting'):
-                if record.get('error'):
+            # A record without UID is a static pod's (KuryrPort source): no UID fence.
+            if record and not (pod.uid is None or record['uid'] in (None, pod.uid)):
+                record = None       # another incarnation of the name
+            if record:
+                if record.get('gone'):
+                    raise errors.TryAgainLater('pod %s%s was deleted before its VIFs were '
+                                               'published' % (pod.key, _uid_note(pod)))
+                if record.get('error') and not record.get('deleting'):
                     raise errors.InvalidVIF('pod %s: %s' % (pod.key, record['error']))
-                outcome = ready(record)
+                outcome = None if record.get('deleting') else ready(record)
                 if outcome:
                     return outcome
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if self.events is not None:
+                    self.events.vif_timeout(pod, (record or {}).get('vifs'),
+                                            round(time.monotonic() - started, 1))
                 raise errors.TryAgainLater('timed out waiting for %s of pod %s%s'
                                            % (what, pod.key, _uid_note(pod)))
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
 
-    def _claim(self, binding, req):
+    def _claim(self, binding, req, save=True):
+        """Record ``req``'s sandbox as the owner; ``save=False``: the caller persists it."""
         cid = req.container_id
         sandbox = binding['sandboxes'].setdefault(
             cid, {'netns': req.netns, 'uid': req.pod.uid, 'attachments': {}})
@@ -110,7 +146,8 @@ class Ownership:
             LOG.info('Pod %s: sandbox %s replaces %s', binding['pod'], cid, binding['owner'])
         sandbox['netns'] = req.netns
         binding.update(owner=cid, uid=req.pod.uid)
-        self._save(binding)
+        if save:
+            self._save(binding)
 
     def _evict_others(self, binding, owner):
         for cid in [c for c in binding['sandboxes'] if c != owner]:
@@ -129,7 +166,8 @@ class Ownership:
             self._unplug_interfaces(req.container_id, sandbox['netns'], [
                 i for i in previous['interfaces']
                 if i['ifname'] not in {n['ifname'] for n in interfaces}])
-        attachment = {'state': 'plugging', 'interfaces': interfaces}
+        # added_at lets a GC that began earlier spare it (see collect).
+        attachment = {'state': 'plugging', 'interfaces': interfaces, 'added_at': time.time()}
         sandbox['attachments'][key] = attachment
         self._save(binding)
         try:
@@ -145,10 +183,20 @@ class Ownership:
         self._save(binding)
         return result
 
+    def _refuse_foreign_ifname(self, binding, req):
+        """Refuse CNI_IFNAME taken in the netns by anything but this attachment.
+
+        Checked before the claim, so a refused ADD changes nothing (no owner
+        recorded, no older sandbox evicted). A retried ADD of the same
+        attachment is not refused: its record says the name is its own.
+        """
+        sandbox = binding['sandboxes'].get(req.container_id) or {}
+        if '%s/%s' % (req.network, req.ifname) not in sandbox.get('attachments', {}):
+            self._refuse_taken_names(req, [{'ifname': req.ifname}])
+
     def _refuse_taken_names(self, req, interfaces):
-        with netns.iproute(req.netns) as ipr:
-            existing = {link.get('ifname') for link in ipr.get_links()}
-        taken = existing & {i['ifname'] for i in interfaces}
+        taken = netns.link_names(req.netns, host=self.host_netns) & {
+            i['ifname'] for i in interfaces}
         if taken:
             raise errors.InvalidEnvironment(
                 'interface %s already exists in %s for another attachment'
@@ -161,7 +209,8 @@ class Ownership:
                 plug = _plug_of(req.container_id, req.netns, interface)
                 vif = vif_model.VIF.from_dict(interface['vif'])
                 done.append((interface, plug))
-                drivers.get_driver(vif.kind, self.host_netns).connect(vif, plug)
+                driver = drivers.get_driver(vif.kind, self.host_netns, self.binding_options)
+                driver.connect(vif, plug)
         except Exception:
             for interface, plug in reversed(done):
                 self._disconnect(interface, plug)
@@ -196,8 +245,12 @@ class Ownership:
             if not sandbox['attachments']:
                 binding.update(owner=None)
                 for other in list(binding['sandboxes']):
-                    self._unplug_sandbox(binding, other)
-            self._save(binding)
+                    self._unplug_sandbox(binding, other, save=False)
+            # A record is dropped only once its devices are gone, so one write at
+            # the end is as safe as one per sandbox; an emptied binding is not
+            # written at all: delete() removes its file.
+            if binding['sandboxes']:
+                self._save(binding)
             return 'success'
         if binding['owner'] is None:
             if sandbox is None:
@@ -231,12 +284,16 @@ class Ownership:
     def _remove_tagged(self, req):
         """Remove host devices provably of ``req``'s sandbox: named and tagged for it."""
         if req.ifname:
-            drivers.remove_tagged_host_device(req.container_id, req.ifname, self.host_netns)
+            drivers.remove_tagged_host_device(req.container_id, req.ifname, self.host_netns,
+                                              self.binding_options)
 
     # CHECK ----------------------------------------------------------------
 
     def check(self, req, deadline):
+        """CHECK: owner state, then the kernel against the VIFs and against prevResult."""
         netns.check_netns(req.netns, host=self.host_netns)
+        if not req.prev_result:
+            raise errors.InvalidConfig('CHECK needs prevResult, the result of the ADD')
         pod_key = req.pod.key if req.pod else self._find_container(req.container_id)
         if pod_key is None:
             raise errors.UnknownContainer('container %s has no attachment here' % req.container_id)
@@ -245,18 +302,35 @@ class Ownership:
             for interface in attachment['interfaces']:
                 vif = vif_model.VIF.from_dict(interface['vif'])
                 plug = _plug_of(req.container_id, req.netns, interface)
-                drivers.get_driver(vif.kind, self.host_netns).check(vif, plug)
-            _compare_prev_result(req.prev_result, attachment['result'])
+                drivers.get_driver(vif.kind, self.host_netns, self.binding_options).check(vif, plug)
+            view = podview.observe(req.netns, host=self.host_netns)
+        problems = prevresult.differences(
+            req.prev_result, req.netns, [i['ifname'] for i in attachment['interfaces']], view)
+        if problems:
+            raise errors.CheckFailed('the pod network differs from prevResult',
+                                     '; '.join(problems))
 
     def _owned_attachment(self, binding, req):
-        if binding is None or binding['owner'] != req.container_id:
-            raise errors.UnknownContainer('container %s does not own a pod network here'
-                                          % req.container_id)
-        sandbox = binding['sandboxes'][req.container_id]
+        """The ready attachment ``req`` names, held by its sandbox as the pod's owner.
+
+        Code 3 (unknown container: nothing to clean up) only when no record of
+        the sandbox or attachment exists; a record that is not in order is a
+        failed CHECK, which a DEL must follow.
+        """
+        cid = req.container_id
+        if binding is None or cid not in binding['sandboxes']:
+            raise errors.UnknownContainer('container %s has no attachment here' % cid)
+        if binding['owner'] != cid:
+            raise errors.CheckFailed('sandbox %s no longer owns pod %s' % (cid, binding['pod']),
+                                     'owner: %s' % binding['owner'])
+        sandbox = binding['sandboxes'][cid]
         attachment = sandbox['attachments'].get('%s/%s' % (req.network, req.ifname))
-        if attachment is None or attachment['state'] != 'ready':
+        if attachment is None:
             raise errors.UnknownContainer('no attachment %s/%s for container %s'
-                                          % (req.network, req.ifname, req.container_id))
+                                          % (req.network, req.ifname, cid))
+        if attachment['state'] != 'ready':
+            raise errors.CheckFailed('attachment %s/%s of container %s was never completed'
+                                     % (req.network, req.ifname, cid))
         if sandbox['netns'] != req.netns:
             raise errors.CheckFailed('attachment lives in %s, not %s'
                                      % (sandbox['netns'], req.netns))
@@ -282,6 +356,36 @@ class Ownership:
                     if net == network and (cid, ifname) not in valid:
                         stale.append((binding['pod'], cid, ifname))
         return stale
+
+    def collect(self, req, deadline, since, max_add_age):
+        """GC one stale attachment (``req``: a DEL built by the GC) by DEL's rules.
+
+        Judged again under the pod's lock, where an ADD cannot be plugging: an
+        attachment whose ADD is in flight now, or that was (re)made after the
+        GC began at ``since`` (a ``time.time()``), is spared. Returns the
+        outcome: 'spared', 'noop' (gone meanwhile) or DEL's.
+        """
+        pod_key = req.pod.key
+        with self.locks.hold(pod_key, deadline) as remove_lock:
+            binding = self.store.load(pod_key)
+            if binding is None:
+                remove_lock()
+                return 'noop'
+            sandbox = binding['sandboxes'].get(req.container_id) or {}
+            attachment = sandbox.get('attachments', {}).get('%s/%s' % (req.network, req.ifname))
+            if attachment is None:
+                return 'noop'
+            if (req.container_id in self._adds_in_flight(max_add_age)
+                    or attachment.get('added_at', 0) >= since):
+                LOG.info('GC spares %s/%s of pod %s: its ADD is in flight or newer than the GC',
+                         req.container_id, req.ifname, pod_key)
+                return 'spared'
+            LOG.info('GC removes stale attachment %s/%s of pod %s',
+                     req.container_id, req.ifname, pod_key)
+            outcome = self._judge_delete(binding, req)
+            if not binding['sandboxes']:
+                self._forget(binding, remove_lock)
+            return outcome
 
     def _adds_in_flight(self, max_age):
         now = time.time()
@@ -314,21 +418,30 @@ class Ownership:
         if not sandbox['attachments'] and binding['owner'] != cid:
             del binding['sandboxes'][cid]
 
-    def _unplug_sandbox(self, binding, cid):
-        """Remove every device of sandbox ``cid``; drop its record only after."""
+    def _unplug_sandbox(self, binding, cid, save=True):
+        """Remove every device of sandbox ``cid``; drop its record only after.
+
+        ``save=False`` leaves persisting the smaller binding to the caller.
+        """
         sandbox = binding['sandboxes'][cid]
         for attachment in sandbox['attachments'].values():
             self._unplug_interfaces(cid, sandbox['netns'], attachment['interfaces'])
         del binding['sandboxes'][cid]
-        self._save(binding)
+        if save:
+            self._save(binding)
 
     def _unplug_interfaces(self, cid, sandbox_netns, interfaces):
+        if sandbox_netns and not netns.exists(sandbox_netns):
+            # Gone, or no namespace any more (a runtime unmounted it and left
+            # the file): there is no pod side to reach, and refusing would make
+            # the runtime retry a DEL that can never succeed.
+            sandbox_netns = ''
         for interface in interfaces:
             self._disconnect(interface, _plug_of(cid, sandbox_netns, interface))
 
     def _disconnect(self, interface, plug):
         kind = interface['vif']['kind']
-        drivers.get_driver(kind, self.host_netns).disconnect(plug)
+        drivers.get_driver(kind, self.host_netns, self.binding_options).disconnect(plug)
 
 
 def _vifs_ready(record):
@@ -362,21 +475,3 @@ def _stale_reason(binding, req):
 
 def _uid_note(pod):
     return ' (UID %s)' % pod.uid if pod.uid else ''
-
-
-def _compare_prev_result(prev, recorded):
-    """CHECK: what the runtime cached must match what ADD answered."""
-    if not prev:
-        return
-    for field in ('interfaces', 'ips', 'routes'):
-        expected = _comparable(prev.get(field) or [], field)
-        actual = _comparable(recorded.get(field) or [], field)
-        if expected and expected - actual:
-            raise errors.CheckFailed('prevResult %s differ from the attachment' % field,
-                                     '%s not in %s' % (sorted(expected - actual), sorted(actual)))
-
-
-def _comparable(items, field):
-    keys = {'interfaces': ('name', 'mac', 'sandbox'), 'ips': ('address', 'gateway'),
-            'routes': ('dst', 'gw')}[field]
-    return {tuple(str(item.get(k)) for k in keys) for item in items if isinstance(item, dict)}

@@ -81,20 +81,48 @@ class CNIApp:
         return 'success', None
 
     def _status(self):
-        if not self.registry.is_synced():
-            raise errors.PluginNotAvailable('the pod watcher has not synced with the API server')
+        """Succeed only when an ADD could be served now: the /ready judgement.
+
+        Never 51: pods already plugged keep their connectivity without the
+        daemon (their data path is in the kernel), so "not available" is the
+        whole truth.
+        """
+        facts = ops.health(self.registry)
+        if not facts['ready']:
+            raise errors.PluginNotAvailable(
+                'kuryr-cni daemon not ready to add pods',
+                ', '.join(facts.get('problems') or ['not ready']))
 
     def _gc(self, req, deadline):
+        """Collect every stale attachment of the network; report failures after trying all.
+
+        The spec asks a GC to remove as much as it can and then report errors;
+        the error raised is of the first failure's class (so its code and
+        retry hint), naming every failure in ``details``.
+        """
         valid = _valid_attachments(req.config)
         if valid is None:
             return 'noop'     # a missing key is not an empty list: collect nothing
-        for pod_key, container_id, ifname in self.ownership.stale_attachments(
-                req.network, valid, max_add_age=self.request_timeout):
+        since = time.time()
+        stale = self.ownership.stale_attachments(req.network, valid,
+                                                 max_add_age=self.request_timeout)
+        failures = []
+        for pod_key, container_id, ifname in stale:
             namespace, _, name = pod_key.partition('/')
-            self.ownership.delete(cni_request.Request(
-                command='DEL', cni_version=req.cni_version, network=req.network,
-                container_id=container_id, netns=None, ifname=ifname,
-                pod=cni_request.PodRef(namespace, name), config=req.config), deadline)
+            try:
+                self.ownership.collect(cni_request.Request(
+                    command='DEL', cni_version=req.cni_version, network=req.network,
+                    container_id=container_id, netns=None, ifname=ifname,
+                    pod=cni_request.PodRef(namespace, name), config=req.config),
+                    deadline, since, max_add_age=self.request_timeout)
+            except errors.CNIError as exc:
+                LOG.warning('GC of %s/%s of pod %s failed: %s (%s)',
+                            container_id, ifname, pod_key, exc.msg, exc.details)
+                failures.append((container_id, ifname, exc))
+        if failures:
+            raise type(failures[0][2])(
+                'GC could not remove %d of %d stale attachments' % (len(failures), len(stale)),
+                '; '.join('%s/%s: %s' % (cid, ifname, exc.msg) for cid, ifname, exc in failures))
         return 'success'
 
 

@@ -1,0 +1,178 @@
+"""The daemon's CNI API for GC and STATUS, with a real registry, store and pod locks.
+
+The registry is a real multiprocessing Manager, bindings are real files and
+pod locks real flocks; attachments use the ``noop`` binding driver (the
+reference driver, which plugs nothing), so no root or kernel is needed.
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import pytest
+
+from kuryr_cni import ownership as ownership_mod
+from kuryr_cni import podlock
+from kuryr_cni import registry as registry_mod
+from kuryr_cni import state
+from kuryr_cni import vif as vif_model
+from kuryr_cni.cni import request as cni_request
+from kuryr_cni.daemon import api
+
+NETWORK = 'kuryr'
+CONFIG = {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}
+
+
+@pytest.fixture
+def registry():
+    manager, reg = registry_mod.Registry.start(title='kuryr-cni-daemon: registry (test)')
+    yield reg
+    manager.shutdown()
+
+
+@pytest.fixture
+def owner(registry, tmp_path):
+    return ownership_mod.Ownership(
+        registry=registry, store=state.BindingStore(str(tmp_path)),
+        locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'locks'))), vif_timeout=5)
+
+
+@pytest.fixture
+def app(owner, registry):
+    return api.CNIApp(owner, registry, request_timeout=30)
+
+
+def noop_vif():
+    vif = vif_model.parse_vif({'kind': 'bridge', 'port_id': 'port-1', 'bridge': 'br0',
+                               'mac': 'fa:16:3e:00:00:01', 'ips': ['10.0.0.1/24']})
+    return dataclasses.replace(vif, kind='noop').to_dict()
+
+
+def attach(owner, pod, cid, ifname='eth0', network=NETWORK, added_at=None):
+    """Record a ready attachment of ``cid`` to ``pod``, as an ADD leaves it."""
+    key = 'default/' + pod
+    binding = owner.store.load(key) or {'pod': key, 'owner': cid, 'uid': None,
+                                        'sandboxes': {}}
+    sandbox = binding['sandboxes'].setdefault(cid, {'netns': '', 'uid': None,
+                                                    'attachments': {}})
+    sandbox['attachments']['%s/%s' % (network, ifname)] = {
+        'state': 'ready', 'result': {}, 'added_at': time.time() if added_at is None else added_at,
+        'interfaces': [{'ifname': ifname, 'vif': noop_vif(), 'default_route': True}]}
+    owner.store.save(key, binding)
+    owner.registry.bindings.put(key, binding)
+
+
+def attachments(owner):
+    return sorted((b['pod'], cid, key) for b in owner.store.load_all().values()
+                  for cid, sandbox in b['sandboxes'].items() for key in sandbox['attachments'])
+
+
+def gc(app, config):
+    body = {'CNI_COMMAND': 'GC', 'config': dict(CONFIG, **config)}
+    return app.handle('/gc', json.dumps(body).encode())
+
+
+def valid(*pairs):
+    return [{'containerID': cid, 'ifname': ifname} for cid, ifname in pairs]
+
+
+def test_gc_collects_what_is_not_valid_in_its_network_only(app, owner, tmp_path):
+    attach(owner, 'a', 'cid-a', added_at=1)
+    attach(owner, 'b', 'cid-b', added_at=1)
+    attach(owner, 'c', 'cid-c', network='other', added_at=1)
+    assert gc(app, {'cni.dev/valid-attachments': valid(('cid-a', 'eth0'))}) == (204, b'')
+    assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0'),
+                                  ('default/c', 'cid-c', 'other/eth0')]
+    assert os.listdir(tmp_path / 'locks') == []     # collected pods leave no lock file
+
+
+def test_gc_empty_list_collects_all_and_the_alias_counts(app, owner):
+    attach(owner, 'a', 'cid-a', added_at=1)
+    assert gc(app, {'cni.dev/attachments': []}) == (204, b'')
+    assert attachments(owner) == []
+
+
+def test_gc_without_the_key_collects_nothing(app, owner):
+    attach(owner, 'a', 'cid-a', added_at=1)
+    assert gc(app, {}) == (204, b'')
+    assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
+
+
+def test_gc_spares_a_container_with_an_add_in_flight(app, owner, registry):
+    attach(owner, 'a', 'cid-a', added_at=1)
+    registry.status.put('add:cid-a', time.time())
+    assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
+    assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
+    registry.status.put('add:cid-a', time.time() - 31)   # its worker died long ago
+    assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
+    assert attachments(owner) == []
+
+
+def _del(cid, pod='a'):
+    return cni_request.Request(command='DEL', cni_version='1.1.0', network=NETWORK,
+                               container_id=cid, netns=None, ifname='eth0',
+                               pod=cni_request.PodRef('default', pod), config=CONFIG)
+
+
+def test_collect_judges_again_under_the_lock(owner, registry):
+    """What the GC listed may have come alive before it took the pod's lock."""
+    since = time.time()
+    attach(owner, 'a', 'cid-a')                          # re-made after the GC began
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'spared'
+    attach(owner, 'a', 'cid-a', added_at=since - 1)
+    registry.status.put('add:cid-a', time.time())        # an ADD started meanwhile
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'spared'
+    registry.status.drop('add:cid-a')
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'success'
+    assert attachments(owner) == []
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'noop'
+
+
+@pytest.mark.parametrize('entries', [{}, 'all', [{'containerID': 'cid-a'}],
+                                     [{'containerID': 1, 'ifname': 'eth0'}]])
+def test_gc_refuses_malformed_lists_before_collecting(app, owner, entries):
+    attach(owner, 'a', 'cid-a', added_at=1)
+    status, body = gc(app, {'cni.dev/valid-attachments': entries})
+    assert (status, json.loads(body)['code']) == (400, 7)
+    assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
+
+
+# STATUS -----------------------------------------------------------------------------
+
+
+def status(app):
+    body = {'CNI_COMMAND': 'STATUS', 'config': CONFIG}
+    return app.handle('/status', json.dumps(body).encode())
+
+
+def serving(registry):
+    """The status facts of a daemon whose worker and watcher run and beat, synced."""
+    now = time.monotonic()
+    for role in ('cni-worker', 'watcher'):
+        registry.status.put('pid:%s:0' % role, os.getpid())
+        registry.status.put('beat:%s:0' % role, now)
+    registry.status.put('watcher_synced', True)
+
+
+def refused(answer, words):
+    code, body = answer
+    error = json.loads(body)
+    assert (code, error['code'], error['cniVersion']) == (503, 50, '1.1.0'), error
+    assert words in error['details'], error
+
+
+def test_status_succeeds_only_when_an_add_could_be_served(app, registry):
+    serving(registry)
+    assert status(app) == (204, b'')
+    registry.status.put('watcher_synced', False)
+    refused(status(app), 'not synced')
+    registry.status.put('watcher_synced', True)
+    registry.status.put('shutting_down', True)
+    refused(status(app), 'shutting down')
+
+
+def test_status_without_a_worker_is_50(app, registry):
+    serving(registry)
+    registry.status.drop('pid:cni-worker:0')
+    refused(status(app), 'worker')
