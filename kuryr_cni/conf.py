@@ -31,6 +31,10 @@ cni_daemon_opts = [
     cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
                help='Deadline of one CNI request inside the daemon, in seconds. '
                     'Keep it under the shim\'s "timeout" (110) and kubelet\'s 120.'),
+    cfg.IntOpt('client_timeout', default=15, min=1, max=300,
+               help='Seconds a client of the CNI socket has to send its whole '
+                    'request once connected. A client that sends nothing, or '
+                    'trickles, is dropped after it, freeing its worker slot.'),
     cfg.StrOpt('state_dir', default='/var/lib/kuryr-cni',
                help='Where pod bindings, per-pod lock files and the shim\'s DEL '
                     'queue live. Must match the CNI config\'s "state_dir".'),
@@ -61,6 +65,11 @@ binding_opts = [
 health_opts = [
     cfg.HostAddressOpt('host', default='0.0.0.0', help='Address of /alive and /ready.'),
     cfg.PortOpt('port', default=8090, help='Port of /alive and /ready.'),
+    cfg.IntOpt('heartbeat_timeout', default=30, min=2, max=600,
+               help='Seconds without a heartbeat from a CNI worker\'s accept loop or '
+                    'from the watcher process after which it counts as stuck: with '
+                    'no CNI worker serving, or the watcher stuck, /alive answers 503 '
+                    'and the systemd watchdog pings stop.'),
 ]
 
 prometheus_opts = [

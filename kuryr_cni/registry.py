@@ -62,6 +62,14 @@ class PodTable(_Table):
     """Pods of this node as the watcher last saw them."""
 
 
+class StatusTable(_Table):
+    """Daemon health facts; also tells which process serves the registry."""
+
+    def server_pid(self):
+        """The pid of the Manager process (this method runs in it)."""
+        return os.getpid()
+
+
 class BindingTable(_Table):
     """Mirror of the persisted bindings, with an index by container ID."""
 
@@ -129,7 +137,7 @@ class _RegistryManager(multiprocessing.managers.BaseManager):
 
 _RegistryManager.register('PodTable', PodTable)
 _RegistryManager.register('BindingTable', BindingTable)
-_RegistryManager.register('StatusTable', _Table)
+_RegistryManager.register('StatusTable', StatusTable)
 _RegistryManager.register('StaleDelLog', StaleDelLog)
 
 

@@ -9,16 +9,24 @@ Layout::
 Every write is atomic: a temporary file in the same directory, fsync, rename,
 fsync of the directory. Readers therefore see the old or the new binding, never
 half of one. A file that does not parse is moved aside to ``*.corrupt`` and
-logged, never fatal.
+logged, never fatal. Temporary files are named ``.<...>.<writer pid>.tmp``
+(``.<time_ns>-<shim pid>.tmp`` in the DEL queue): one whose writer no longer
+runs is what a killed writer left, and readers remove it; one of a live writer
+is never touched, so a reader cannot break a write in progress. Shims may run
+in another pid namespace than the daemon, so a queue file must also be a
+minute old before its writer's pid is believed.
 """
 
 import contextlib
 import json
 import os
+import time
 
 from oslo_log import log as logging
 
 LOG = logging.getLogger(__name__)
+
+SHIM_WRITE_AGE = 60      # seconds after which a queue temporary file is surely not being written
 
 
 def write_atomically(directory, name, data):
@@ -83,10 +91,9 @@ class BindingStore:
         """Every readable binding, keyed by pod key (used at start-up)."""
         bindings = {}
         for name in sorted(os.listdir(self.directory)):
-            if name.startswith('.') and name.endswith('.tmp'):
-                os.unlink(os.path.join(self.directory, name))   # a write that died
+            if _dead_write(self.directory, name):
                 continue
-            if not name.endswith('.json'):
+            if not name.endswith('.json') or name.startswith('.'):
                 continue
             binding = self.load(name[:-len('.json')].replace('_', '/', 1))
             if binding is not None:
@@ -106,6 +113,8 @@ class DelQueue:
     def entries(self):
         """Yield ``(path, body)`` for complete entries, oldest first."""
         for name in sorted(os.listdir(self.directory)):
+            if _dead_write(self.directory, name, min_age=SHIM_WRITE_AGE):
+                continue
             if not name.endswith('.json') or name.startswith('.'):
                 continue
             path = os.path.join(self.directory, name)
@@ -127,6 +136,35 @@ class DelQueue:
 
     def set_aside(self, path):
         _set_aside(path)
+
+
+def _dead_write(directory, name, min_age=0):
+    """Remove ``name`` if it is the temporary file of a writer that died; say so."""
+    if not (name.startswith('.') and name.endswith('.tmp')):
+        return False
+    pid = name[:-len('.tmp')].replace('-', '.').rpartition('.')[2]
+    if not pid.isdigit() or _running(int(pid)):
+        return False
+    path = os.path.join(directory, name)
+    try:
+        if time.time() - os.stat(path).st_mtime < min_age:
+            return False
+    except FileNotFoundError:
+        return True
+    LOG.info('Removing %s, the partial write of a process that died', path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return True
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True         # someone else's process, or no pid at all: leave the file
+    return True
 
 
 def _set_aside(path):

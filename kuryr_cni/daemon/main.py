@@ -5,13 +5,18 @@ config and logging → safety checks → metrics directory → registry Manager
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
 ops process → systemd notification. On SIGTERM cotyledon stops the children
 gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
-exits at once and the Manager follows through its parent-death signal.
+exits at once and the Manager follows through its parent-death signal. If the
+Manager dies, the parent stops gracefully too and exits non-zero
+(:mod:`kuryr_cni.daemon.registry_watch`).
 """
 
+import contextlib
+import gc
 import multiprocessing
 import os
 import socket
 import sys
+import time
 
 import cotyledon
 from oslo_log import log as logging
@@ -20,9 +25,12 @@ from kuryr_cni import conf as config
 from kuryr_cni import metrics
 from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
+from kuryr_cni.daemon import heartbeat
+from kuryr_cni.daemon import housekeeping
 from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import ops
 from kuryr_cni.daemon import recovery
+from kuryr_cni.daemon import registry_watch
 from kuryr_cni.daemon import sdnotify
 from kuryr_cni.daemon import watching
 from kuryr_cni.daemon import worker
@@ -53,7 +61,9 @@ def run(conf):
     state.ensure_dir(opts.state_dir)
     listener.ensure_private_dir(opts.state_dir)
     metrics.setup(os.path.join(run_dir, 'metrics'))
+    _freeze_heap()
     manager, registry = registry_mod.Registry.start()
+    watch = registry_watch.RegistryWatch(registry.status.server_pid())
     try:
         _recover(conf, registry)
         cni_socks = [listener.open_unix(opts.socket)]
@@ -61,10 +71,30 @@ def run(conf):
             cni_socks.append(listener.open_tcp(opts.bind_address))
         health_sock = _open_tcp(conf.health.host, conf.health.port)
         metrics_sock = _open_tcp(conf.prometheus.host, conf.prometheus.port)
-        _serve(conf, registry, cni_socks, health_sock, metrics_sock)
+        try:
+            _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch)
+        except SystemExit:
+            # cotyledon ends every graceful shutdown with sys.exit(0); one the
+            # Manager's death caused must tell the supervisor to restart us.
+            if watch.lost:
+                return registry_watch.EXIT_REGISTRY_LOST
+            raise
     finally:
+        watch.disarm()
         manager.shutdown()
     return 0
+
+
+def _freeze_heap():
+    """Keep what the parent has built shared with the children it forks next.
+
+    A garbage collection in a child writes to the GC header of every object
+    it traverses, which copies each page of the inherited heap into the child:
+    ~25 MiB more per CNI worker once it has served a few hundred requests.
+    Frozen objects are never traversed, so those pages stay shared.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _recover(conf, registry):
@@ -81,13 +111,15 @@ def _open_tcp(host, port):
     return sock
 
 
-def _serve(conf, registry, cni_socks, health_sock, metrics_sock):
+def _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch):
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
+    registry.status.put('heartbeat_timeout', conf.health.heartbeat_timeout)
     names = {
         sm.add(watching.WatcherService, workers=1, args=(conf, registry)): 'watcher',
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
                args=(conf, registry, cni_socks)): 'cni-worker',
-        sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock)): 'ops',
+        sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock,
+                                                conf.cni_daemon.request_timeout)): 'ops',
     }
     # The parent alone speaks to systemd, and only READY=1 once really ready:
     # cotyledon would send its own READY=1 at start, and children must not
@@ -96,18 +128,29 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock):
     os.environ.pop('NOTIFY_SOCKET', None)
 
     def on_new_worker(service_id, worker_id, service):
+        # The first beat: a new process counts as serving until its loop is due to beat.
+        registry.status.put(heartbeat.key(names[service_id], worker_id), time.monotonic())
         registry.status.put('pid:%s:%s' % (names[service_id], worker_id), os.getpid())
 
     def on_dead_worker(service_id, worker_id, exit_code):
-        pid = registry.status.get('pid:%s:%s' % (names[service_id], worker_id))
-        if pid:
-            metrics.process_dead(pid)
         metrics.worker_restarted(names[service_id])
         LOG.warning('%s %s exited with %s; starting a new one',
                     names[service_id], worker_id, exit_code)
+        # Without the registry there is nothing to tidy: the watch stops the daemon.
+        with contextlib.suppress(ConnectionError, EOFError, OSError):
+            pid = registry.status.get('pid:%s:%s' % (names[service_id], worker_id))
+            if pid:
+                metrics.process_dead(pid)
+            if names[service_id] == 'watcher':
+                # Not ready again until its successor has relisted.
+                registry.mark_synced(False)
+            elif names[service_id] == 'cni-worker':
+                # It may have died between a binding file and its mirror.
+                housekeeping.request_resync(registry)
 
     def on_terminate():
-        registry.status.put('shutting_down', True)
+        with contextlib.suppress(ConnectionError, EOFError, OSError):
+            registry.status.put('shutting_down', True)
         notifier.stop()
 
     sm.register_hooks(on_new_worker=on_new_worker, on_dead_worker=on_dead_worker,
@@ -115,8 +158,10 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock):
     for sock in cni_socks + [health_sock, metrics_sock]:
         sock.set_inheritable(True)
     notifier.start()
+    watch.start()
     LOG.info('kuryr-cni-daemon serving %s with %d workers',
              conf.cni_daemon.socket, conf.cni_daemon.worker_count)
+    _freeze_heap()
     sm.run()
 
 

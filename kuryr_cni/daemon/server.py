@@ -7,6 +7,7 @@ worker leaves new connections in the backlog for its siblings, and at most
 timeout, so a client that connects and sends nothing cannot hold a slot.
 """
 
+import concurrent.futures
 import contextlib
 import http.server
 import selectors
@@ -29,6 +30,8 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
+        # The server's context may set it ([cni_daemon] client_timeout).
+        self.read_deadline = self.server.context.get('read_deadline') or self.read_deadline
         self._read_guard = threading.Timer(self.read_deadline, self._abort_read)
         self._read_guard.daemon = True
         self._read_guard.start()
@@ -71,24 +74,37 @@ class BoundedServer:
         self.handler_class = handler_class
         self.context = handler_context
         self._slots = threading.BoundedSemaphore(concurrency)
+        # Request threads are kept and reused (made as needed, ``concurrency`` at
+        # most): a new thread per request would also open a new connection to the
+        # registry Manager (its proxies connect once per thread), ~0.5 ms each.
+        self._pool = concurrent.futures.ThreadPoolExecutor(concurrency,
+                                                           thread_name_prefix='request')
         self._concurrency = concurrency
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._idle = threading.Condition()
         self._active = 0
 
-    def serve_forever(self):
+    def serve_forever(self, tick=None, tick_interval=None):
+        """Serve until :meth:`stop`; call ``tick()`` every ``tick_interval`` s at most.
+
+        ``tick`` runs on this loop's own thread (a heartbeat): it stops being
+        called when the loop stops turning.
+        """
         self.sock.setblocking(False)
         with selectors.DefaultSelector() as selector:
             selector.register(self.sock, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             while not self._stopping.is_set():
-                self._slots.acquire()
-                if not self._accept_one(selector):
+                if tick is not None:
+                    tick()
+                if not self._slots.acquire(timeout=tick_interval):
+                    continue          # every slot busy: time to tick again
+                if not self._accept_one(selector, tick_interval):
                     self._slots.release()
 
-    def _accept_one(self, selector):
-        events = selector.select()
+    def _accept_one(self, selector, timeout=None):
+        events = selector.select(timeout)
         if self._stopping.is_set() or not any(key.fileobj is self.sock for key, _ in events):
             return False
         try:
@@ -98,7 +114,7 @@ class BoundedServer:
         conn.setblocking(True)
         with self._idle:
             self._active += 1
-        threading.Thread(target=self._serve, args=(conn, address), daemon=True).start()
+        self._pool.submit(self._serve, conn, address)
         return True
 
     def _serve(self, conn, address):

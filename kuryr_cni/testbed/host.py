@@ -100,14 +100,16 @@ class Host:
                 vif_timeout=vif_timeout, api_root=self.api.url if self.api else '') + extra)
         return path
 
-    def start_daemon(self, workers=4, vif_timeout=20, extra='', wait=True, timeout=60):
+    def start_daemon(self, workers=4, vif_timeout=20, extra='', wait=True, timeout=60,
+                     env=None):
+        """Start the daemon; ``env`` adds to its environment (e.g. WATCHDOG_USEC)."""
         config = self.write_config(workers, vif_timeout, extra)
         notify_path = os.path.join(self.workdir, 'notify.sock')
         with contextlib.suppress(FileNotFoundError):
             os.unlink(notify_path)
         self._notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._notify.bind(notify_path)
-        env = dict(os.environ, NOTIFY_SOCKET=notify_path)
+        env = dict(os.environ, NOTIFY_SOCKET=notify_path, **(env or {}))
         self.daemon = subprocess.Popen(
             ['ip', 'netns', 'exec', self.ns, *daemon_command(), '--config-file', config],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -214,7 +216,10 @@ class Host:
 
     def close(self):
         if self.daemon is not None and self.daemon.poll() is None:
-            self.stop_daemon(signal.SIGTERM, timeout=30)
+            # A daemon that does not stop in time is killed below; the
+            # namespaces and files must go all the same.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.stop_daemon(signal.SIGTERM, timeout=30)
         if self.daemon is not None:
             self._kill_group()
         if self.api is not None:

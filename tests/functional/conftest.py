@@ -82,15 +82,23 @@ class Namespace:
 
 @pytest.fixture(scope='session', autouse=True)
 def root_netns_untouched():
-    """Fail the session if a link appeared in or vanished from the root namespace."""
+    """Fail the session if the root namespace's links changed or a test namespace leaked."""
     if not CAN_RUN:
         yield
         return
-    before = _root_links()
+    before, namespaces = _root_links(), _test_namespaces()
     yield
     after = _root_links()
     assert after == before, ('the root network namespace changed: added %s, removed %s'
                              % (sorted(after - before), sorted(before - after)))
+    leaked = _test_namespaces() - namespaces
+    assert not leaked, 'test namespaces left behind: %s' % sorted(leaked)
+
+
+def _test_namespaces():
+    names = subprocess.run([IP, 'netns', 'list'], capture_output=True, text=True,
+                           timeout=30).stdout.split()
+    return {name for name in names if name.startswith('kc-')}
 
 
 def _root_links():

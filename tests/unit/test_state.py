@@ -20,6 +20,12 @@ def listing(directory):
     return sorted(os.listdir(directory))
 
 
+def dead_pid():
+    """A pid no process can have: above the kernel's pid_max."""
+    with open('/proc/sys/kernel/pid_max') as f:
+        return int(f.read()) + 1
+
+
 # -- write_atomically -------------------------------------------------------
 
 def test_write_atomically_writes_the_data_with_mode_0600_and_no_temp(tmp_path):
@@ -128,12 +134,15 @@ def test_load_all_skips_corrupt_and_removes_temp_leftovers(tmp_path):
     bindings = tmp_path / 'bindings'
     (bindings / 'demo_broken.json').write_bytes(b'{"pod": ')
     (bindings / 'demo_list.json').write_bytes(b'[]')
-    (bindings / '.demo_web-1.json.4242.tmp').write_bytes(b'{"pod": "demo/web-1", "own')
+    # a write whose worker died (its pid runs no more), and one in progress right now
+    (bindings / ('.demo_web-1.json.%d.tmp' % dead_pid())).write_bytes(b'{"pod": "demo/w')
+    (bindings / ('.demo_web-2.json.%d.tmp' % os.getpid())).write_bytes(b'{"pod": "demo/w')
     (bindings / 'demo_old.json.corrupt').write_bytes(b'kept for the operator')
     (bindings / 'README').write_bytes(b'not a binding')
 
     assert store.load_all() == {'demo/web-0': BINDING, 'kube-system/dns_1x': other}
-    assert listing(bindings) == ['README', 'demo_broken.json.corrupt',
+    assert listing(bindings) == ['.demo_web-2.json.%d.tmp' % os.getpid(),
+                                 'README', 'demo_broken.json.corrupt',
                                  'demo_list.json.corrupt', 'demo_old.json.corrupt',
                                  'demo_web-0.json', 'kube-system_dns_1x.json']
 
@@ -158,7 +167,8 @@ def test_del_queue_yields_complete_entries_oldest_first(tmp_path):
     queue_entry(d, '1733140000100000000-99.json', {'CNI_CONTAINERID': 'c1'})
     queue_entry(d, '1733140000200000000-12.json', {'CNI_CONTAINERID': 'c2'})
     # in-progress writes of the shim: never read
-    queue_entry(d, '.1733140000000000000-5.tmp', {'CNI_CONTAINERID': 'tmp'})
+    live_tmp = '.1733140000000000000-%d.tmp' % os.getpid()
+    queue_entry(d, live_tmp, {'CNI_CONTAINERID': 'tmp'})
     queue_entry(d, '.1733140000000000001-5.json', {'CNI_CONTAINERID': 'hidden'})
     queue_entry(d, '1733140000000000002-5.json.corrupt', {'CNI_CONTAINERID': 'old'})
     got = [(os.path.basename(p), b['CNI_CONTAINERID']) for p, b in queue.entries()]
@@ -167,7 +177,7 @@ def test_del_queue_yields_complete_entries_oldest_first(tmp_path):
                    ('1733140000300000000-77.json', 'c3')]
     # reading does not consume, and the temporary files are left to their writer
     assert len(list(queue.entries())) == 3
-    assert '.1733140000000000000-5.tmp' in listing(d)
+    assert live_tmp in listing(d)
     assert '.1733140000000000001-5.json' in listing(d)
 
 
@@ -211,3 +221,17 @@ def test_del_queue_entry_written_atomically_is_read_whole(tmp_path):
     body = {'CNI_COMMAND': 'DEL', 'CNI_CONTAINERID': 'c1', 'config': {'x': 'y' * 100000}}
     state.write_atomically(queue.directory, '5-5.json', json.dumps(body).encode())
     assert [b for _, b in queue.entries()] == [body]
+
+
+def test_del_queue_removes_what_a_killed_shim_left(tmp_path):
+    queue = state.DelQueue(str(tmp_path))
+    d = tmp_path / 'del-queue'
+    old = queue_entry(d, '.1733140000000000000-%d.tmp' % dead_pid(), b'{"CNI_COMMAND": "D')
+    an_hour_ago = os.stat(old).st_mtime - 3600
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    # Its writer's pid runs no more, but the shim may live in another pid
+    # namespace: only an old file is surely abandoned.
+    recent = queue_entry(d, '.1733140000200000000-%d.tmp' % dead_pid(), b'{"CNI_COMM')
+    queue_entry(d, '1733140000100000000-99.json', {'CNI_CONTAINERID': 'c1'})
+    assert [b['CNI_CONTAINERID'] for _, b in queue.entries()] == ['c1']
+    assert listing(d) == [os.path.basename(recent), '1733140000100000000-99.json']

@@ -1,0 +1,78 @@
+"""Recovery chores while the daemon runs, done from a thread of CNI worker 0.
+
+Start-up recovery (:mod:`kuryr_cni.daemon.recovery`) runs once, before the
+socket opens. Two of its steps are needed again later:
+
+* replaying the DEL queue: a shim queues a DEL whenever it cannot reach the
+  daemon, which also happens while the daemon runs (a DEL that timed out, one
+  sent in the instant between the start-up replay and the socket opening);
+* resyncing the registry's binding mirror: a CNI worker killed between writing
+  a binding file and updating its mirror leaves the mirror behind the file.
+  The parent flags every CNI worker death (:func:`request_resync`).
+
+Every ``interval`` seconds the thread does both, with the normal ownership
+rules and pod locks, so it is idempotent and safe next to live requests. Only
+worker 0 runs it (cotyledon gives a replacement the same worker id), so two
+processes never replay one entry at once. It decides nothing itself.
+"""
+
+import threading
+
+from oslo_log import log as logging
+
+from kuryr_cni.daemon import recovery
+
+LOG = logging.getLogger(__name__)
+
+INTERVAL = 2.0                      # seconds between two rounds of chores
+RESYNC_FLAG = 'resync_bindings'     # registry status key set when a CNI worker died
+
+
+def request_resync(registry):
+    """Ask the housekeeper for a mirror resync (the parent, when a CNI worker died)."""
+    registry.status.put(RESYNC_FLAG, True)
+
+
+class Housekeeper:
+    """Runs :meth:`tick` every ``interval`` seconds in a daemon thread until stopped."""
+
+    def __init__(self, ownership, queue, interval=INTERVAL):
+        self.ownership = ownership
+        self.queue = queue
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = None
+
+    def start(self):
+        self._thread = threading.Thread(target=self._loop, name='housekeeping', daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        """Start no new chore; the one in progress finishes (see :meth:`join`)."""
+        self._stop.set()
+
+    def join(self, timeout):
+        """Wait up to ``timeout`` seconds for the chore in progress (a queued DEL)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _loop(self):
+        while not self._stop.wait(self.interval):
+            try:
+                self.tick()
+            except (ConnectionError, EOFError) as exc:
+                # The registry Manager is gone; the parent is stopping the daemon.
+                LOG.warning('Housekeeping skipped: registry unavailable (%s)', exc)
+            except Exception:       # a chore must never end the worker
+                LOG.exception('Housekeeping failed; trying again in %s s', self.interval)
+
+    def tick(self):
+        """One round: resync the mirror if asked, then replay the DEL queue."""
+        status = self.ownership.registry.status
+        if status.get(RESYNC_FLAG):
+            status.drop(RESYNC_FLAG)    # before resyncing: a death meanwhile asks again
+            recovery.resync_mirror(self.ownership)
+        replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop)
+        if replayed:
+            LOG.info('Replayed %d DELs the shim had queued', replayed)

@@ -1,0 +1,149 @@
+"""Recovery steps that also run while the daemon runs: mirror resync, DEL queue replay.
+
+Against a real registry Manager and a real state directory. The replay tests
+give ``replay_queue`` an ownership whose ``delete`` is scripted (a real DEL
+would reach the machine's own network namespace, which unit tests never
+touch); what is checked is what replay does with each outcome.
+"""
+
+import json
+import os
+import threading
+
+import pytest
+
+from kuryr_cni import errors
+from kuryr_cni import ownership as ownership_mod
+from kuryr_cni import podlock
+from kuryr_cni import registry as registry_mod
+from kuryr_cni import state
+from kuryr_cni.daemon import housekeeping
+from kuryr_cni.daemon import recovery
+
+
+def binding(pod, owner):
+    return {'pod': pod, 'owner': owner, 'uid': 'u',
+            'sandboxes': {owner: {'netns': '/run/netns/x', 'uid': 'u', 'attachments': {}}}}
+
+
+@pytest.fixture
+def registry():
+    manager, reg = registry_mod.Registry.start(title='kuryr-cni-daemon: registry (test)')
+    yield reg
+    manager.shutdown()
+
+
+@pytest.fixture
+def ownership(registry, tmp_path):
+    return ownership_mod.Ownership(
+        registry=registry, store=state.BindingStore(str(tmp_path)),
+        locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'locks'))), vif_timeout=1)
+
+
+def test_resync_makes_the_mirror_equal_the_files(ownership, registry, tmp_path):
+    store = ownership.store
+    store.save('ns/only-file', binding('ns/only-file', 'c1'))           # mirror never written
+    store.save('ns/differs', binding('ns/differs', 'c2'))
+    registry.bindings.put('ns/differs', binding('ns/differs', 'c-old'))  # file newer
+    registry.bindings.put('ns/only-mirror', binding('ns/only-mirror', 'c3'))   # file removed
+    store.save('ns/same', binding('ns/same', 'c4'))
+    registry.bindings.put('ns/same', binding('ns/same', 'c4'))
+
+    assert recovery.resync_mirror(ownership) == 3
+    assert registry.bindings.snapshot() == store.load_all()
+    assert registry.bindings.find_container('c3') is None
+    assert registry.bindings.find_container('c2') == 'ns/differs'
+    # No lock file is left for the pod that has no binding.
+    assert sorted(os.listdir(tmp_path / 'locks')) == ['ns_differs.lock', 'ns_only-file.lock',
+                                                      'ns_same.lock']
+    assert recovery.resync_mirror(ownership) == 0
+
+
+def test_resync_skips_a_pod_whose_lock_stays_busy(ownership, registry, monkeypatch):
+    monkeypatch.setattr(recovery, 'RESYNC_LOCK_TIMEOUT', 0.1)
+    ownership.store.save('ns/busy', binding('ns/busy', 'c1'))
+    ownership.store.save('ns/free', binding('ns/free', 'c2'))
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with ownership.locks.hold('ns/busy', deadline=float('inf')):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        held.wait(10)
+        assert recovery.resync_mirror(ownership) == 1
+    finally:
+        release.set()
+        holder.join()
+    assert registry.bindings.get('ns/busy') is None
+    assert registry.bindings.get('ns/free') == binding('ns/free', 'c2')
+
+
+class ScriptedDeletes:
+    """An ownership whose DELs answer from a script: container ID -> outcome or exception."""
+
+    def __init__(self, script):
+        self.script = script
+        self.seen = []
+
+    def delete(self, req, deadline):
+        self.seen.append(req.container_id)
+        answer = self.script[req.container_id]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def queued_del(queue, name, container_id):
+    body = {'CNI_COMMAND': 'DEL', 'CNI_CONTAINERID': container_id, 'CNI_NETNS': '',
+            'CNI_IFNAME': 'eth0', 'CNI_ARGS': 'K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web',
+            'CNI_PATH': '', 'config': {'cniVersion': '1.0.0', 'name': 'kuryr',
+                                       'type': 'kuryr-cni'}}
+    state.write_atomically(queue.directory, name, json.dumps(body).encode())
+
+
+def test_replay_removes_done_entries_and_keeps_what_may_succeed_later(tmp_path):
+    queue = state.DelQueue(str(tmp_path))
+    queued_del(queue, '1-1.json', 'done')
+    queued_del(queue, '2-1.json', 'busy')
+    queued_del(queue, '3-1.json', 'bug')
+    queued_del(queue, '4-1.json', 'invalid')
+    queued_del(queue, '5-1.json', 'stale')
+    owner = ScriptedDeletes({'done': 'success', 'stale': 'stale',
+                             'busy': errors.TryAgainLater('pod lock busy'),
+                             'bug': RuntimeError('unexpected'),
+                             'invalid': errors.InvalidEnvironment('no')})
+    assert recovery.replay_queue(owner, queue) == 2
+    assert owner.seen == ['done', 'busy', 'bug', 'invalid', 'stale']
+    assert sorted(os.listdir(queue.directory)) == ['2-1.json', '3-1.json', '4-1.json.corrupt']
+
+
+def test_replay_stops_between_entries_when_asked(tmp_path):
+    queue = state.DelQueue(str(tmp_path))
+    queued_del(queue, '1-1.json', 'first')
+    queued_del(queue, '2-1.json', 'second')
+    stop = threading.Event()
+
+    class StopAfterOne(ScriptedDeletes):
+        def delete(self, req, deadline):
+            stop.set()
+            return super().delete(req, deadline)
+
+    owner = StopAfterOne({'first': 'success', 'second': 'success'})
+    assert recovery.replay_queue(owner, queue, stop=stop) == 1
+    assert os.listdir(queue.directory) == ['2-1.json']
+
+
+def test_housekeeper_resyncs_only_when_asked(ownership, registry, tmp_path):
+    keeper = housekeeping.Housekeeper(ownership, state.DelQueue(str(tmp_path)))
+    ownership.store.save('ns/web', binding('ns/web', 'c1'))
+    keeper.tick()
+    assert registry.bindings.get('ns/web') is None        # nobody died: nothing to fix
+    housekeeping.request_resync(registry)
+    keeper.tick()
+    assert registry.bindings.get('ns/web') == binding('ns/web', 'c1')
+    assert registry.status.get(housekeeping.RESYNC_FLAG) is None
