@@ -93,9 +93,14 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(prog='kuryr-cni-ctl', description=__doc__.split('\n')[0])
     parser.add_argument('--socket', default=DEFAULT_SOCKET, help='daemon socket')
     parser.add_argument('--json', action='store_true', help='print JSON')
+    # The options are accepted after the command too ("status --json").
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument('--socket', default=argparse.SUPPRESS, help='daemon socket')
+    common.add_argument('--json', action='store_true', default=argparse.SUPPRESS,
+                        help='print JSON')
     sub = parser.add_subparsers(dest='command', required=True)
     for name in COMMANDS:
-        cmd = sub.add_parser(name)
+        cmd = sub.add_parser(name, parents=[common])
         if name == 'show':
             cmd.add_argument('pod', help='NAMESPACE/NAME')
     return parser.parse_args(argv)

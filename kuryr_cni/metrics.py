@@ -7,13 +7,69 @@ the small functions below, which do nothing before :func:`setup` (unit tests of
 other modules need no metrics).
 """
 
+import itertools
 import os
 import shutil
 import types
+import typing
 
 _m = None
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Spec(typing.NamedTuple):
+    """One metric: its attribute on :func:`setup`'s namespace and how it is exported."""
+
+    attr: str
+    kind: str                  # counter, gauge or histogram
+    name: str                  # as exported: counters end in _total, durations in _seconds
+    help: str
+    labels: tuple = ()
+    options: dict = {}         # further arguments of the prometheus_client class
+    known: tuple = ()          # label values created at start, one tuple per label
+
+    def known_label_sets(self):
+        """Every combination of the known label values (none for unlabelled metrics)."""
+        return list(itertools.product(*self.known)) if self.labels else []
+
+
+COMMANDS = ('ADD', 'DEL', 'CHECK', 'GC', 'STATUS')
+RESULTS = ('success', 'noop', 'stale', 'error')
+SERVICES = ('watcher', 'cni-worker', 'ops')     # kuryr_cni.daemon.main's children
+
+
+# The daemon's metric set (DESIGN 4.4); doc/source/operations.rst lists it for
+# operators. kuryr_cni_ready and kuryr_cni_attachments are read from the
+# registry at scrape time instead (kuryr_cni.daemon.ops).
+SPECS = (
+    Spec('requests', 'counter', 'kuryr_cni_requests_total',
+         'CNI requests handled, by command and result.', ('command', 'result'),
+         known=(COMMANDS, RESULTS)),
+    Spec('duration', 'histogram', 'kuryr_cni_request_duration_seconds',
+         'Time to answer a CNI request.', ('command',), {'buckets': DURATION_BUCKETS},
+         known=(COMMANDS,)),
+    Spec('in_flight', 'gauge', 'kuryr_cni_requests_in_flight',
+         'CNI requests being served now.', (), {'multiprocess_mode': 'livesum'}),
+    Spec('stale_del', 'counter', 'kuryr_cni_stale_del_rejected_total',
+         'DELs from a sandbox that does not own the pod, rejected without touching it.',
+         ('reason',), known=(('container_id_mismatch', 'pod_uid_mismatch'),)),
+    Spec('evictions', 'counter', 'kuryr_cni_sandbox_evictions_total',
+         "Previous sandboxes' devices removed when a new sandbox of the pod was added."),
+    Spec('vif_wait', 'histogram', 'kuryr_cni_vif_wait_seconds',
+         'Time an ADD waited for its pod and VIFs.', (), {'buckets': DURATION_BUCKETS}),
+    Spec('watch_restarts', 'counter', 'kuryr_cni_watch_restarts_total',
+         'Times the pod watch was re-established after a failure, by reason.', ('reason',),
+         known=(('error', 'expired'),)),
+    Spec('watch_events', 'counter', 'kuryr_cni_watch_events_total',
+         'Watch events received, by type.', ('type',),
+         known=(('ADDED', 'MODIFIED', 'DELETED', 'BOOKMARK', 'ERROR'),)),
+    Spec('worker_restarts', 'counter', 'kuryr_cni_worker_restarts_total',
+         'Daemon child processes that died and were replaced, by service.', ('service',),
+         known=(SERVICES,)),
+    Spec('del_replayed', 'counter', 'kuryr_cni_queued_del_replayed_total',
+         'DELs queued by the shim and replayed at start.'),
+)
 
 
 def setup(directory):
@@ -23,40 +79,15 @@ def setup(directory):
     os.makedirs(directory, mode=0o700)
     os.environ['PROMETHEUS_MULTIPROC_DIR'] = directory
     import prometheus_client as prom
-    _m = types.SimpleNamespace(
-        requests=prom.Counter(
-            'kuryr_cni_requests', 'CNI requests handled, by command and result.',
-            ['command', 'result']),
-        duration=prom.Histogram(
-            'kuryr_cni_request_duration_seconds', 'Time to answer a CNI request.',
-            ['command'], buckets=DURATION_BUCKETS),
-        in_flight=prom.Gauge(
-            'kuryr_cni_requests_in_flight', 'CNI requests being served now.',
-            multiprocess_mode='livesum'),
-        stale_del=prom.Counter(
-            'kuryr_cni_stale_del_rejected',
-            'DELs from a sandbox that does not own the pod, rejected without touching it.',
-            ['reason']),
-        evictions=prom.Counter(
-            'kuryr_cni_sandbox_evictions',
-            "Previous sandboxes' devices removed when a new sandbox of the pod was added."),
-        vif_wait=prom.Histogram(
-            'kuryr_cni_vif_wait_seconds', 'Time an ADD waited for its pod and VIFs.',
-            buckets=DURATION_BUCKETS),
-        watch_restarts=prom.Counter(
-            'kuryr_cni_watch_restarts', 'Times the pod watch was re-established.',
-            ['reason']),
-        watch_events=prom.Counter(
-            'kuryr_cni_watch_events', 'Watch events received, by type.', ['type']),
-        worker_restarts=prom.Counter(
-            'kuryr_cni_worker_restarts', 'Daemon child processes that died and were replaced.',
-            ['service']),
-        del_replayed=prom.Counter(
-            'kuryr_cni_queued_del_replayed', 'DELs queued by the shim and replayed at start.'),
-    )
-    # Pre-create the label sets operators alert on, so they read 0, not absent.
-    for reason in ('container_id_mismatch', 'pod_uid_mismatch'):
-        _m.stale_del.labels(reason)
+    classes = {'counter': prom.Counter, 'gauge': prom.Gauge, 'histogram': prom.Histogram}
+    _m = types.SimpleNamespace(**{
+        spec.attr: classes[spec.kind](spec.name, spec.help, spec.labels, **spec.options)
+        for spec in SPECS})
+    # Series of known label values read 0 from the start instead of being
+    # absent, so rate() and alerts see their first increase.
+    for spec in SPECS:
+        for values in spec.known_label_sets():
+            getattr(_m, spec.attr).labels(*values)
     return _m
 
 

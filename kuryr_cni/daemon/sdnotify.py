@@ -1,8 +1,10 @@
 """systemd's notify protocol (``Type=notify``), spoken by the parent process.
 
 READY=1 once the daemon is ready, STATUS= lines as its state changes, and
-WATCHDOG=1 every half ``WatchdogSec`` while it is healthy: a stuck worker pool
-or watcher stops the pings and systemd restarts the service. Without
+WATCHDOG=1 every half ``WatchdogSec`` while it is alive (``alive`` of
+:func:`kuryr_cni.daemon.ops.health`, heartbeats included): a stuck worker pool
+or watcher stops the pings and systemd restarts the service; an unreachable
+API server does not (restarting cannot fix it). Without
 NOTIFY_SOCKET (not under systemd) every call is a no-op.
 """
 
@@ -74,7 +76,7 @@ class Notifier:
 
     def tick(self):
         facts = self.judge()
-        status = _describe(facts)
+        status = _describe(facts, starting=not self._ready_sent)
         lines = []
         if status != self._last_status:
             lines.append('STATUS=' + status)
@@ -82,17 +84,24 @@ class Notifier:
         if facts.get('ready') and not self._ready_sent:
             lines.append('READY=1')
             self._ready_sent = True
-        if self.watchdog and facts.get('alive') and facts.get('watcher_synced'):
+        # Alive, not ready: an API server outage leaves the watcher unsynced,
+        # and restarting the daemon would not bring the API server back.
+        if self.watchdog and facts.get('alive'):
             lines.append('WATCHDOG=1')
         if lines:
             notify('\n'.join(lines), self.env)
 
 
-def _describe(facts):
+def _describe(facts, starting):
+    """The STATUS= line: the state, then what keeps the daemon from being ready."""
     if not facts.get('registry'):
         return 'Registry unavailable'
     if facts.get('shutting_down'):
         return 'Shutting down'
-    state = 'Ready' if facts.get('ready') else 'Starting'
-    watcher = 'synced' if facts.get('watcher_synced') else 'syncing'
-    return '%s: %d workers, watcher %s' % (state, facts.get('workers', 0), watcher)
+    if facts.get('ready'):
+        return 'Ready: %d workers serving, watcher synced' % facts['workers']
+    if starting:
+        state = 'Starting'       # children being forked, first pod list pending
+    else:
+        state = 'Not ready' if facts.get('alive') else 'Unhealthy'
+    return '%s: %s' % (state, '; '.join(facts.get('problems') or ['not ready']))

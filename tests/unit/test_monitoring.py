@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,21 +23,46 @@ REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / 'etc' / 'prometheus' / 'kuryr-cni-alerts.yaml'
 DASHBOARD = REPO / 'etc' / 'grafana' / 'kuryr-cni-dashboard.json'
 
-# The daemon's metrics (DESIGN.md 4.4, kuryr_cni/metrics.py): name as exported
-# -> (type, labels). TODO(lead): derive from the real registry.
-METRICS = {
-    'kuryr_cni_requests_total': ('counter', {'command', 'result'}),
-    'kuryr_cni_request_duration_seconds': ('histogram', {'command'}),
-    'kuryr_cni_stale_del_rejected_total': ('counter', {'reason'}),
-    'kuryr_cni_attachments': ('gauge', set()),
-    'kuryr_cni_vif_wait_seconds': ('histogram', set()),
-    'kuryr_cni_watch_restarts_total': ('counter', {'reason'}),
-    'kuryr_cni_sandbox_evictions_total': ('counter', set()),
-    'kuryr_cni_watch_events_total': ('counter', {'type'}),
-    'kuryr_cni_requests_in_flight': ('gauge', set()),
-    'kuryr_cni_worker_restarts_total': ('counter', {'service'}),
-    'kuryr_cni_ready': ('gauge', set()),
-}
+# What the daemon's /metrics serves at start: kuryr_cni.metrics after setup()
+# read back through the ops process's collectors (multiprocess files plus the
+# registry collector), in a subprocess because prometheus_client picks
+# multiprocess mode once, at import time.
+_EXPORTED = r"""
+import json, sys, tempfile
+from kuryr_cni import metrics, registry
+from kuryr_cni.daemon import ops
+
+with tempfile.TemporaryDirectory() as tmp:
+    metrics.setup(tmp + '/metrics')
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess, parser
+    served = CollectorRegistry()
+    multiprocess.MultiProcessCollector(served)
+    manager, reg = registry.Registry.start()
+    try:
+        served.register(ops._RegistryCollector(reg))
+        text = generate_latest(served).decode()
+    finally:
+        manager.shutdown()
+out = {}
+for family in parser.text_string_to_metric_families(text):
+    name = family.name + ('_total' if family.type == 'counter' else '')
+    labels = set()
+    for sample in family.samples:
+        labels |= set(sample.labels) - {'le'}
+    out[name] = [family.type, sorted(labels)]
+json.dump(out, sys.stdout)
+"""
+
+
+def _exported_metrics():
+    """Name as exported -> (type, labels)."""
+    proc = subprocess.run([sys.executable, '-c', _EXPORTED], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return {name: (kind, set(labels)) for name, (kind, labels) in json.loads(proc.stdout).items()}
+
+
+METRICS = _exported_metrics()
 # Labels Prometheus attaches to every scraped series, and its own series.
 TARGET_LABELS = {'job', 'instance'}
 PROMETHEUS_SERIES = {'up': set()}
@@ -96,6 +122,39 @@ def _check_promql(expr):
         if not re.search(r'_bucket\b', rest) or not re.search(r'by\s*\([^)]*\ble\b', rest):
             problems.append('histogram_quantile without a _bucket series summed by le')
     return problems
+
+
+# --- the metric set ------------------------------------------------------------
+
+# The contract (DESIGN.md 4.4, plus watcher events, in-flight requests and worker
+# restarts): operators' dashboards and alerts rely on these names and labels.
+CONTRACT = {
+    'kuryr_cni_requests_total': ('counter', {'command', 'result'}),
+    'kuryr_cni_request_duration_seconds': ('histogram', {'command'}),
+    'kuryr_cni_stale_del_rejected_total': ('counter', {'reason'}),
+    'kuryr_cni_attachments': ('gauge', set()),
+    'kuryr_cni_vif_wait_seconds': ('histogram', set()),
+    'kuryr_cni_watch_restarts_total': ('counter', {'reason'}),
+    'kuryr_cni_sandbox_evictions_total': ('counter', set()),
+    'kuryr_cni_watch_events_total': ('counter', {'type'}),
+    'kuryr_cni_requests_in_flight': ('gauge', set()),
+    'kuryr_cni_worker_restarts_total': ('counter', {'service'}),
+    'kuryr_cni_ready': ('gauge', set()),
+}
+
+
+def test_the_daemon_exports_the_contracted_metrics():
+    assert {name: METRICS.get(name) for name in CONTRACT} == CONTRACT
+
+
+def test_metric_names_follow_prometheus_conventions():
+    for name, (kind, labels) in METRICS.items():
+        assert re.match(r'^kuryr_cni_[a-z][a-z0-9_]*[a-z0-9]$', name), name
+        assert name.endswith('_total') == (kind == 'counter'), name
+        if kind == 'histogram':
+            assert name.endswith('_seconds'), 'histograms here measure time: %s' % name
+        for label in labels:
+            assert re.match(r'^[a-z][a-z0-9_]*$', label) and label != 'le', (name, label)
 
 
 # --- the checker itself --------------------------------------------------------

@@ -1,0 +1,236 @@
+"""Health judgement, heartbeats, probe failure counts and the systemd notifier.
+
+Against a real registry Manager (the heartbeats cross processes through it)
+and a real datagram socket standing in for systemd's NOTIFY_SOCKET.
+"""
+
+import logging
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from kuryr_cni import registry as registry_mod
+from kuryr_cni.daemon import heartbeat
+from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import sdnotify
+from kuryr_cni.daemon import server
+
+
+@pytest.fixture
+def registry():
+    manager, reg = registry_mod.Registry.start()
+    yield reg
+    manager.shutdown()
+
+
+def _register(reg, role, worker_id=0, pid=None, age=0.0):
+    reg.status.put('pid:%s:%s' % (role, worker_id), pid or os.getpid())
+    reg.status.put(heartbeat.key(role, worker_id), time.monotonic() - age)
+
+
+def _healthy(reg):
+    reg.status.put('heartbeat_timeout', 5)
+    _register(reg, 'cni-worker', 0)
+    _register(reg, 'cni-worker', 1)
+    _register(reg, 'watcher')
+    reg.mark_synced(True)
+
+
+def test_nothing_registered_is_neither_alive_nor_ready(registry):
+    facts = ops.health(registry)
+    assert (facts['alive'], facts['ready'], facts['workers']) == (False, False, 0)
+    assert facts['problems'] == ['no CNI worker serving', 'watcher stuck or dead',
+                                 'watcher not synced with the API server']
+
+
+def test_healthy(registry):
+    _healthy(registry)
+    facts = ops.health(registry)
+    assert (facts['alive'], facts['ready'], facts['workers']) == (True, True, 2)
+    assert facts['problems'] == []
+
+
+def test_not_synced_is_alive_but_not_ready(registry):
+    _healthy(registry)
+    registry.mark_synced(False)
+    facts = ops.health(registry)
+    assert (facts['alive'], facts['ready']) == (True, False)
+    assert facts['problems'] == ['watcher not synced with the API server']
+
+
+def test_a_worker_without_a_recent_beat_is_stuck(registry):
+    _healthy(registry)
+    _register(registry, 'cni-worker', 1, age=6)
+    assert ops.health(registry)['workers'] == 1
+    _register(registry, 'cni-worker', 0, age=6)
+    facts = ops.health(registry)
+    assert (facts['alive'], facts['ready'], facts['workers']) == (False, False, 0)
+    assert facts['problems'] == ['no CNI worker serving']
+
+
+def test_a_stuck_watcher_fails_liveness(registry):
+    _healthy(registry)
+    _register(registry, 'watcher', age=6)
+    facts = ops.health(registry)
+    assert (facts['alive'], facts['problems']) == (False, ['watcher stuck or dead'])
+
+
+def test_dead_and_zombie_workers_do_not_serve(registry):
+    _healthy(registry)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        # Exited, not reaped yet: a zombie, which os.kill(pid, 0) would call alive.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _state(pid) != 'Z':
+            time.sleep(0.01)
+        _register(registry, 'cni-worker', 0, pid=pid)
+        assert ops.health(registry)['workers'] == 1
+    finally:
+        os.waitpid(pid, 0)
+    assert ops.health(registry)['workers'] == 1      # reaped: gone altogether
+
+
+def _state(pid):
+    with open('/proc/%d/stat' % pid) as f:
+        return f.read().rpartition(')')[2].split()[0]
+
+
+def test_shutting_down_is_not_ready_and_draining_workers_need_no_beat(registry):
+    _healthy(registry)
+    registry.status.put('shutting_down', True)
+    _register(registry, 'cni-worker', 0, age=60)
+    _register(registry, 'cni-worker', 1, age=60)
+    facts = ops.health(registry)
+    assert (facts['alive'], facts['ready'], facts['workers']) == (True, False, 2)
+    assert facts['problems'] == ['shutting down']
+
+
+def test_a_dead_registry_manager_fails_everything():
+    manager, reg = registry_mod.Registry.start()
+    _healthy(reg)
+    assert ops.health(reg)['ready']
+    manager.shutdown()
+    assert ops.health(reg) == {'alive': False, 'ready': False, 'registry': False,
+                               'problems': ['registry unavailable']}
+
+
+def test_heartbeat_writes_at_most_once_per_interval(registry):
+    beat = heartbeat.Heartbeat(registry.status, 'cni-worker', 3, timeout=3)
+    assert beat.interval == 1
+    beat.beat()
+    first = registry.status.get(heartbeat.key('cni-worker', 3))
+    beat.beat()
+    assert registry.status.get(heartbeat.key('cni-worker', 3)) == first
+    assert heartbeat.age(registry.status.snapshot(), 'cni-worker', 3) < 1
+
+
+def test_probe_failures_count_up_and_reset_on_success(caplog):
+    probes = ops.ProbeLog()
+    failing = {'ready': False, 'problems': ['watcher not synced with the API server']}
+    with caplog.at_level(logging.INFO, logger='kuryr_cni.daemon.ops'):
+        assert [probes.record('ready', failing) for _ in range(3)] == [1, 2, 3]
+        assert probes.record('alive', {'alive': True}) == 0
+        assert probes.record('ready', {'ready': True}) == 0
+        assert probes.record('ready', failing) == 1
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ['/ready is failing: watcher not synced with the API server',
+                        '/ready passes again after 3 failed probes',
+                        '/ready is failing: watcher not synced with the API server']
+
+
+# --- the bounded server's tick (the CNI workers' heartbeat) ------------------------
+
+def test_the_accept_loop_ticks_while_idle_and_stops_with_it(tmp_path):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / 's'))
+    listener.listen(1)
+    ticks = []
+    enough = threading.Event()
+
+    def tick():
+        ticks.append(time.monotonic())
+        if len(ticks) >= 3:
+            enough.set()
+
+    srv = server.BoundedServer(listener, server.QuietHandler, concurrency=1)
+    thread = threading.Thread(target=srv.serve_forever, args=(tick, 0.05), daemon=True)
+    thread.start()
+    try:
+        assert enough.wait(5)
+    finally:
+        srv.stop(drain_timeout=1)
+        thread.join(5)
+        listener.close()
+    assert not thread.is_alive()
+    count = len(ticks)
+    time.sleep(0.2)
+    assert len(ticks) == count
+
+
+# --- systemd notify ----------------------------------------------------------------
+
+@pytest.fixture
+def systemd(tmp_path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(tmp_path / 'notify'))
+    sock.settimeout(0.2)
+    yield sock, {'NOTIFY_SOCKET': str(tmp_path / 'notify')}
+    sock.close()
+
+
+def _received(sock):
+    lines = []
+    try:
+        while True:
+            lines.extend(sock.recv(4096).decode().split('\n'))
+    except socket.timeout:
+        return lines
+
+
+FACTS = {'registry': True, 'alive': True, 'ready': False, 'workers': 4,
+         'watcher_synced': False, 'shutting_down': False,
+         'problems': ['watcher not synced with the API server']}
+
+
+def test_notifier_ready_once_status_on_change_watchdog_while_alive(systemd):
+    sock, env = systemd
+    facts = dict(FACTS)
+    notifier = sdnotify.Notifier(lambda: facts, env=dict(env, WATCHDOG_USEC='4000000'))
+    assert notifier.period == 1.0 and notifier.watchdog == 2.0
+    notifier.tick()
+    assert _received(sock) == ['STATUS=Starting: watcher not synced with the API server',
+                               'WATCHDOG=1']
+    facts.update(ready=True, watcher_synced=True, problems=[])
+    notifier.tick()
+    notifier.tick()
+    assert _received(sock) == ['STATUS=Ready: 4 workers serving, watcher synced', 'READY=1',
+                               'WATCHDOG=1', 'WATCHDOG=1']
+    facts.update(ready=False, watcher_synced=False,
+                 problems=['watcher not synced with the API server'])
+    notifier.tick()
+    assert _received(sock) == ['STATUS=Not ready: watcher not synced with the API server',
+                               'WATCHDOG=1']
+    facts.update(alive=False, workers=0, problems=['no CNI worker serving'])
+    notifier.tick()
+    notifier.tick()
+    assert _received(sock) == ['STATUS=Unhealthy: no CNI worker serving']
+    notifier.stop()
+    assert _received(sock) == ['STOPPING=1', 'STATUS=Shutting down']
+
+
+def test_notifier_without_watchdog_never_pings(systemd):
+    sock, env = systemd
+    notifier = sdnotify.Notifier(lambda: dict(FACTS, ready=True), env=env)
+    notifier.tick()
+    assert 'WATCHDOG=1' not in _received(sock)
+
+
+def test_watchdog_for_another_pid_is_not_ours():
+    assert sdnotify.watchdog_interval({'WATCHDOG_USEC': '1000000'}) == 0.5
+    assert sdnotify.watchdog_interval({'WATCHDOG_USEC': '1000000',
+                                       'WATCHDOG_PID': str(os.getpid() + 1)}) is None
