@@ -1,0 +1,143 @@
+"""One whole benchmark run, phase after phase; returns the raw measurements.
+
+Order: start both systems → daemon PSS idle → VERSION start-up → serial ADD
+and DEL → throughput at each concurrency → ADD latency with no pods attached
+→ attach ``memory_pods`` → daemon PSS → ADD latency with them attached →
+delete everything → check nothing is left → daemon PSS with ``workers`` and
+``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
+Every system's hosts, namespaces, processes and files are removed on the way
+out, also on failure or SIGTERM.
+"""
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import platform
+import subprocess
+import time
+
+from tools.bench import memory
+from tools.bench import systems as systems_mod
+from tools.bench import workload
+
+EXTRA_WORKERS = 2
+
+
+@dataclasses.dataclass
+class Options:
+    pods: int = 50
+    workers: int = 4
+    memory_pods: int = 500
+    version_runs: int = 60
+    rounds: int = 2
+    concurrency: tuple = (10, 50)
+    reference: bool = True
+
+
+def run(options, log):
+    """Run every phase; returns the measurements (see :mod:`tools.bench.report`)."""
+    data = {'options': dataclasses.asdict(options), 'machine': _machine(), 'hosts': []}
+    with contextlib.ExitStack() as stack:
+        log('Starting kuryr-cni (daemon with %d workers) on a test host' % options.workers)
+        kuryr = systems_mod.KuryrSystem(options.workers)
+        stack.callback(kuryr.close)
+        data['hosts'].append({'netns': kuryr.host.ns, 'workdir': kuryr.host.workdir})
+        systems = [kuryr]
+        missing = (systems_mod.reference_missing() if options.reference
+                   else 'disabled with --no-reference')
+        if missing:
+            log('Skipping the reference plugins: %s' % missing)
+        else:
+            log('Setting up the reference plugins (bridge + host-local) on a test host')
+            reference = systems_mod.ReferenceSystem()
+            stack.callback(reference.close)
+            data['hosts'].append({'netns': reference.host.ns, 'workdir': reference.host.workdir})
+            systems.append(reference)
+        data['reference_skipped'] = missing
+        data['pss_idle'] = memory.daemon_pss(kuryr.host)
+        data.update(_measure(systems, kuryr, options, log))
+        data['leftovers'] = {s.name: s.leftovers() for s in systems}
+        data['pss_workers'] = _compare_workers(kuryr, options, log)
+        data['daemon_forced_stops'] = kuryr.forced_stops
+        log('Removing the test hosts')
+    return data
+
+
+def _measure(systems, kuryr, options, log):
+    out = {}
+    generation = itertools.count()
+    base = range(options.pods)
+
+    def fresh(indexes):
+        gen = next(generation)
+        return {s.name: s.sandboxes(indexes, gen) for s in systems}
+
+    log('VERSION start-up, %d runs each' % options.version_runs)
+    out['version'] = workload.version_startup(systems, options.version_runs)
+
+    log('Serial ADD and DEL of %d pods' % options.pods)
+    sandboxes = fresh(base)
+    out['serial_add'] = workload.serial(systems, 'ADD', sandboxes)
+    out['ping'] = {s.name: s.host.ping(sandboxes[s.name][0].netns, s.gateway())
+                   for s in systems}
+    out['serial_del'] = workload.serial(systems, 'DEL', sandboxes)
+
+    out['throughput'] = {}
+    for concurrency in options.concurrency:
+        log('Throughput: ADD then DEL of %d pods at concurrency %d, %d rounds'
+            % (options.pods, concurrency, options.rounds))
+        out['throughput'][str(concurrency)] = workload.throughput(
+            systems, lambda: fresh(base), concurrency, options.rounds)
+
+    log('ADD latency with no pods attached')
+    sandboxes = fresh(base)
+    out['add_none'] = workload.serial(systems, 'ADD', sandboxes)
+    workload.serial(systems, 'DEL', sandboxes)
+
+    many = range(options.pods, options.pods + options.memory_pods)
+    log('Attaching %d pods (concurrency %d)' % (options.memory_pods, max(options.concurrency)))
+    attached = fresh(many)
+    out['attach_wall'] = workload.attach_many(systems, attached, 'ADD', max(options.concurrency))
+    out['pss_attached'] = memory.daemon_pss(kuryr.host)
+
+    log('ADD latency with %d pods attached' % options.memory_pods)
+    sandboxes = fresh(base)
+    out['add_attached'] = workload.serial(systems, 'ADD', sandboxes)
+    out['del_attached'] = workload.serial(systems, 'DEL', sandboxes)
+
+    log('Deleting the %d pods' % options.memory_pods)
+    out['detach_wall'] = workload.attach_many(systems, attached, 'DEL', max(options.concurrency))
+    return out
+
+
+def _compare_workers(kuryr, options, log):
+    """Daemon PSS with ``workers`` and ``workers + 2`` CNI workers, same warm-up each.
+
+    Each daemon is started afresh and serves ADD then DEL of ``pods`` pods at
+    the highest concurrency (which spreads requests over every worker) before
+    it is measured idle.
+    """
+    result = {}
+    indexes = range(options.pods)
+    for step, workers in enumerate((options.workers, options.workers + EXTRA_WORKERS)):
+        log('Daemon memory with %d workers after a warm-up' % workers)
+        kuryr.restart_daemon(workers)
+        sandboxes = {kuryr.name: kuryr.sandboxes(indexes, 1000 + step)}
+        for command in ('ADD', 'DEL'):
+            workload.batch([kuryr], command, sandboxes, max(options.concurrency))
+        result[str(workers)] = memory.daemon_pss(kuryr.host)
+    return result
+
+
+def _machine():
+    def output(*cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return None
+    return {'time': time.strftime('%Y-%m-%dT%H:%M:%S%z'), 'kernel': platform.release(),
+            'python': platform.python_version(), 'cpus': len(os.sched_getaffinity(0)),
+            'commit': output('git', '-C', systems_mod.driver_mod.REPO, 'rev-parse', 'HEAD'),
+            'reference_package': output('dpkg-query', '-W', '-f', '${Version}',
+                                        'containernetworking-plugins') or None}

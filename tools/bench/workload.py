@@ -1,0 +1,118 @@
+"""The measured phases, each run on every system under test, interleaved.
+
+Interleaving is how machine drift (other load, CPU frequency, page cache)
+hits both systems alike: serial operations alternate system by system, one op
+at a time, and the first system of each pair alternates too (A B, B A, ...);
+batches alternate the same way round by round. Every function takes the list
+of systems (kuryr-cni first, the reference second when present) and returns
+samples keyed by system name.
+"""
+
+BARE_PYTHON = ['/usr/bin/python3', '-IS', '-c', 'pass']
+WARM_UP = 3
+
+
+def alternate(systems, step):
+    """The systems in the order they run at ``step``: reversed every other step."""
+    return list(systems) if step % 2 == 0 else list(reversed(systems))
+
+
+def version_startup(systems, runs):
+    """Seconds of VERSION runs: the shim, the reference plugin, and a bare interpreter.
+
+    The bare ``/usr/bin/python3 -IS -c pass`` (run by the first system's
+    driver, with the same environment as its VERSION) is the floor any
+    Python shim stands on. The first ``WARM_UP`` rounds fill the page cache
+    and are not kept.
+    """
+    first = systems[0]
+    bare = dict(first.version_op(), argv=BARE_PYTHON)
+    jobs = [('bare_python', first, bare)] + [(s.name, s, s.version_op()) for s in systems]
+    samples = {name: [] for name, _, _ in jobs}
+    for step in range(WARM_UP + runs):
+        shift = step % len(jobs)
+        for name, system, op in jobs[shift:] + jobs[:shift]:
+            _wall, (result,) = system.driver.run([op])
+            if result['code'] != 0:
+                raise RuntimeError('%s VERSION failed: %s' % (name, result['stdout']))
+            if step >= WARM_UP:
+                samples[name].append(result['seconds'])
+    return samples
+
+
+def serial(systems, command, sandboxes):
+    """One ``command`` at a time per pod, alternating systems; ``{name: [seconds]}``.
+
+    ``sandboxes`` maps each system's name to its list, all of the same length.
+    """
+    samples = {s.name: [] for s in systems}
+    count = len(sandboxes[systems[0].name])
+    for step in range(count):
+        for system in alternate(systems, step):
+            _wall, (seconds,) = system.run(command, [sandboxes[system.name][step]])
+            samples[system.name].append(seconds)
+    return samples
+
+
+def batch(systems, command, sandboxes, concurrency, step=0, cpu=None):
+    """All of ``command`` at ``concurrency``, system after system; ``{name: wall seconds}``.
+
+    ``cpu``, when given, collects ``{name: [(plugin CPU s, service CPU s), ...]}``.
+    """
+    walls = {}
+    for system in alternate(systems, step):
+        walls[system.name], _seconds = system.run(command, sandboxes[system.name], concurrency)
+        if cpu is not None:
+            cpu.setdefault(system.name, []).append(
+                (system.last_cpu['plugin'], system.last_cpu['service']))
+    return walls
+
+
+def throughput(systems, make_sandboxes, concurrency, rounds):
+    """ADD then DEL of a batch of pods at ``concurrency``, ``rounds`` times.
+
+    ``make_sandboxes()`` returns fresh sandboxes per system for each round.
+    Returns ``{name: {'ADD': ops/s, 'DEL': ops/s, 'rounds': [...], 'cpu_ms':
+    {'ADD': {'plugin', 'service'}, 'DEL': {...}}}}``: the rate is all
+    operations over all wall time, ``cpu_ms`` the CPU milliseconds per
+    operation of the plugin processes and of the system's long-running
+    processes (kuryr-cni's daemon), which tell what limits the rate.
+    """
+    totals = {s.name: {'ADD': [0, 0.0], 'DEL': [0, 0.0]} for s in systems}
+    cpu = {s.name: {'ADD': [0.0, 0.0], 'DEL': [0.0, 0.0]} for s in systems}
+    per_round = {s.name: [] for s in systems}
+    for step in range(rounds):
+        sandboxes = make_sandboxes()
+        this_round = {s.name: {} for s in systems}
+        for command in ('ADD', 'DEL'):
+            used = {}
+            for name, wall in batch(systems, command, sandboxes, concurrency, step,
+                                    used).items():
+                count = len(sandboxes[name])
+                totals[name][command][0] += count
+                totals[name][command][1] += wall
+                this_round[name][command] = round(count / wall, 2)
+                cpu[name][command][0] += used[name][0][0]
+                cpu[name][command][1] += used[name][0][1]
+        for name in per_round:
+            per_round[name].append(this_round[name])
+    return {name: {'ADD': round(t['ADD'][0] / t['ADD'][1], 2),
+                   'DEL': round(t['DEL'][0] / t['DEL'][1], 2),
+                   'rounds': per_round[name],
+                   'cpu_ms': {command: {'plugin': round(cpu[name][command][0] * 1000
+                                                        / t[command][0], 2),
+                                        'service': round(cpu[name][command][1] * 1000
+                                                         / t[command][0], 2)}
+                              for command in ('ADD', 'DEL')}}
+            for name, t in totals.items()}
+
+
+def attach_many(systems, sandboxes, command, concurrency, chunk=100):
+    """Run ``command`` for many pods, in interleaved chunks; ``{name: wall seconds}``."""
+    walls = {s.name: 0.0 for s in systems}
+    count = len(sandboxes[systems[0].name])
+    for step, start in enumerate(range(0, count, chunk)):
+        part = {name: items[start:start + chunk] for name, items in sandboxes.items()}
+        for name, wall in batch(systems, command, part, concurrency, step).items():
+            walls[name] += wall
+    return walls
