@@ -39,7 +39,7 @@ LOG = logging.getLogger(__name__)
 _NO_IPV6_ADDRESSES = {'attrs': [('AF_INET6', {'attrs': [
     ('IFLA_INET6_ADDR_GEN_MODE', 1)]})]}   # IN6_ADDR_GEN_MODE_NONE: no link-local
 
-# Outcomes of _delete_host_end
+# Outcomes of podside.delete_owned_link
 DELETED, ABSENT, FOREIGN = podside.DELETED, podside.ABSENT, podside.FOREIGN
 
 
@@ -206,25 +206,7 @@ class BridgeDriver(base.Driver):
     # -- disconnect steps --------------------------------------------------
 
     def _delete_host_end(self, host, host_name, owner):
-        """Delete host device ``host_name`` if ``owner`` owns it.
-
-        A device without alias is ours too: its name is derived from this
-        owner and it was left by a connect that died before setting the
-        alias. Returns DELETED, ABSENT or FOREIGN.
-        """
-        with base.kernel_errors('remove host device %s' % host_name):
-            link = podside.get_link(host, host_name)
-            if link is None:
-                return ABSENT
-            if link.get('ifalias') not in (owner, None, ''):
-                return FOREIGN
-            try:
-                host.link('del', index=link['index'])
-            except NetlinkError as exc:
-                if exc.code != errno.ENODEV:
-                    raise
-                return ABSENT
-        return DELETED
+        return podside.delete_owned_link(host, host_name, owner, 'on the host')
 
     # -- check steps -------------------------------------------------------
 

@@ -24,7 +24,7 @@ RT_SCOPE_LINK = 253
 RT_TABLE_MAIN = 254
 _DEFAULT = {4: ipaddress.ip_network('0.0.0.0/0'), 6: ipaddress.ip_network('::/0')}
 
-# Outcomes of delete_owned
+# Outcomes of delete_owned_link
 DELETED, ABSENT, FOREIGN = 'deleted', 'absent', 'foreign'
 
 
@@ -103,22 +103,30 @@ def delete(pod, plug):
 
 
 def delete_owned(pod, plug, owner):
-    """Delete the plug's interface if its alias is ``owner`` (or it has none).
+    """Delete the plug's interface in the pod if ``owner`` owns it (see delete_owned_link).
 
     For interfaces made directly in the pod namespace, which carry their
-    owner's alias themselves. One without alias is ours: its name belongs
-    to this attachment (the ownership rules refuse a taken name) and it was
-    left by a connect that died before setting the alias. Returns DELETED,
-    ABSENT or FOREIGN (left alone).
+    owner's alias themselves.
     """
-    with base.kernel_errors('remove %s in %s' % (plug.ifname, plug.netns)):
-        link = get_link(pod, plug.ifname)
+    return delete_owned_link(pod, plug.ifname, owner, 'in %s' % plug.netns)
+
+
+def delete_owned_link(ipr, ifname, owner, where):
+    """Delete link ``ifname`` of ``ipr``'s namespace if its alias is ``owner`` (or it has none).
+
+    One without alias is ours too: its name is derived from this owner (or,
+    in a pod, belongs to this attachment, as the ownership rules refuse a
+    taken name) and it was left by a connect that died before setting the
+    alias. Returns DELETED, ABSENT or FOREIGN (left alone).
+    """
+    with base.kernel_errors('remove %s %s' % (ifname, where)):
+        link = get_link(ipr, ifname)
         if link is None:
             return ABSENT
         if link.get('ifalias') not in (owner, None, ''):
             return FOREIGN
         try:
-            pod.link('del', index=link['index'])
+            ipr.link('del', index=link['index'])
         except NetlinkError as exc:
             if exc.code != errno.ENODEV:
                 raise

@@ -14,23 +14,9 @@ import urllib3
 
 from kuryr_cni.testbed import apiserver
 
+pytestmark = pytest.mark.usefixtures('no_leftover_threads')
+
 NODE = 'node-1'
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    before = set(threading.enumerate())
-    yield
-    for thread in set(threading.enumerate()) - before:
-        thread.join(2)
-        assert not thread.is_alive(), 'test left thread %s running' % thread.name
-
-
-@pytest.fixture
-def server():
-    srv = apiserver.APIServer('127.0.0.1', 0, bookmark_interval=0.2)
-    yield srv
-    srv.close()
 
 
 @pytest.fixture

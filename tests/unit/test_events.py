@@ -4,21 +4,12 @@ import socket
 import threading
 import time
 
-import pytest
 
 from kuryr_cni import apiclient
 from kuryr_cni import events
 from kuryr_cni.cni import request as cni_request
-from kuryr_cni.testbed import apiserver
 
 POD = cni_request.PodRef('default', 'web-0', 'uid-web-0')
-
-
-@pytest.fixture
-def server():
-    srv = apiserver.APIServer('127.0.0.1', 0)
-    yield srv
-    srv.close()
 
 
 def poster_for(url, **kwargs):

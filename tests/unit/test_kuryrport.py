@@ -8,7 +8,6 @@ from kuryr_cni import apiclient
 from kuryr_cni import kuryrport
 from kuryr_cni import osvif
 from kuryr_cni import watcher
-from kuryr_cni.testbed import apiserver
 from tests.unit import osvif_fixtures as fx
 from tests.unit.test_watcher import Sink
 
@@ -43,13 +42,6 @@ class Running:
         for thread in self.threads:
             thread.join(10)
         self.api.close()
-
-
-@pytest.fixture
-def server():
-    srv = apiserver.APIServer('127.0.0.1', 0, bookmark_interval=0.2)
-    yield srv
-    srv.close()
 
 
 @pytest.fixture

@@ -15,6 +15,8 @@ from kuryr_cni import vif as vifmod
 from kuryr_cni import watcher
 from kuryr_cni.testbed import apiserver
 
+pytestmark = pytest.mark.usefixtures('no_leftover_threads')
+
 NODE = 'node-1'
 WAIT = 10        # seconds; outcomes arrive much sooner, this only bounds a failing test
 
@@ -126,22 +128,6 @@ class Harness:
             lambda r: r.path == '/api/v1/pods' and r.is_watch and predicate(r), WAIT)
         assert found is not None, 'timed out: ' + what
         return found
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_threads():
-    before = set(threading.enumerate())
-    yield
-    for thread in set(threading.enumerate()) - before:
-        thread.join(2)
-        assert not thread.is_alive(), 'test left thread %s running' % thread.name
-
-
-@pytest.fixture
-def server():
-    srv = apiserver.APIServer('127.0.0.1', 0, bookmark_interval=0.2)
-    yield srv
-    srv.close()
 
 
 @pytest.fixture
