@@ -77,7 +77,10 @@ class Ownership:
                     if not binding['sandboxes']:
                         remove_lock()   # a refused first ADD leaves no trace
                     raise
-                self._claim(binding, req, save=vifs is None)
+                # Persist the claim before evicting anyone (DESIGN §3); with
+                # nothing to evict, the 'plugging' write below persists it.
+                evicting = len(binding['sandboxes']) > (req.container_id in binding['sandboxes'])
+                self._claim(binding, req, save=vifs is None or evicting)
                 self._evict_others(binding, req.container_id)
                 if vifs is not None:
                     metrics.vif_waited(time.monotonic() - started)

@@ -14,6 +14,7 @@ from kuryr_cni import ctl
 from kuryr_cni.testbed import host as testhost
 from kuryr_cni.testbed import runtime as testruntime
 
+from tests.functional import conftest
 from tests.functional import helpers
 
 FIRST_INDEX = 10
@@ -115,7 +116,7 @@ def _links(links):
 
 def start(tmp_path_factory):
     """Yield a World on a fresh host running the daemon; closes it all afterwards."""
-    with testhost.Host(prefix='kc-test') as host:
+    with testhost.Host(prefix=conftest.SESSION_PREFIX) as host:
         host.start_api()
         host.start_daemon(workers=2, vif_timeout=20)
         yield World(host, str(tmp_path_factory.mktemp('cni-world')))

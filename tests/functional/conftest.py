@@ -4,7 +4,7 @@ Functional tests need root and iproute2; every test module marks itself with
 ``pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)``.
 
 The one rule: nothing is ever created in the machine's own network
-namespace. Tests build their world in namespaces named ``kc-test-<random>``
+namespace. Tests build their world in namespaces named ``kc-t<pid>-<random>``
 and the fixtures delete them (and everything in them) afterwards, even when
 the test fails; :func:`root_netns_untouched` checks the rule for the whole
 session.
@@ -21,6 +21,10 @@ import pytest
 IP = shutil.which('ip')
 CAN_RUN = os.geteuid() == 0 and IP is not None
 SKIP_REASON = 'needs root and iproute2 (ip) to create network namespaces'
+
+# Every namespace this test session makes starts with this, so the leak check
+# judges only its own (another suite may be running on the machine meanwhile).
+SESSION_PREFIX = 'kc-t%d' % os.getpid()
 
 GATEWAY4 = '10.99.0.1'
 GATEWAY6 = 'fd99::1'
@@ -98,7 +102,7 @@ def root_netns_untouched():
 def _test_namespaces():
     names = subprocess.run([IP, 'netns', 'list'], capture_output=True, text=True,
                            timeout=30).stdout.split()
-    return {name for name in names if name.startswith('kc-')}
+    return {name for name in names if name.startswith(SESSION_PREFIX + '-')}
 
 
 def _root_links():
@@ -113,7 +117,7 @@ def netns_factory():
     made = []
 
     def make():
-        ns = Namespace('kc-test-%s' % uuid.uuid4().hex[:10])
+        ns = Namespace('%s-%s' % (SESSION_PREFIX, uuid.uuid4().hex[:10]))
         subprocess.run([IP, 'netns', 'add', ns.name], check=True, capture_output=True,
                        timeout=30)
         made.append(ns)
@@ -162,7 +166,7 @@ def node():
     if not CAN_RUN:
         pytest.skip(SKIP_REASON)
     from kuryr_cni.testbed import host as testhost
-    with testhost.Host(prefix='kc-test') as host:
+    with testhost.Host(prefix=SESSION_PREFIX) as host:
         host.start_api()
         yield host
 
