@@ -79,6 +79,8 @@ def run(workers):
         step('Metrics (GET /metrics on the Prometheus port)')
         _, text = node.http_get(9655, '/metrics')
         for line in text.splitlines():
+            if line.startswith('kuryr_cni_requests_total') and line.endswith(' 0.0'):
+                continue    # every known label set is exported, mostly at 0
             if line.startswith(('kuryr_cni_stale_del_rejected_total',
                                 'kuryr_cni_requests_total', 'kuryr_cni_sandbox_evictions_total',
                                 'kuryr_cni_attachments ')):
