@@ -60,6 +60,15 @@ class Namespace:
         return subprocess.run([IP, 'netns', 'exec', self.name, *cmd], capture_output=True,
                               text=True, timeout=timeout)
 
+    def pings(self, address):
+        """Whether one ping from inside the namespace to ``address`` is answered."""
+        return self.run('ping', '-c1', '-W2', '-q', address).returncode == 0
+
+    def plug(self, container_id='c0ffee', ifname='eth0', default_route=True):
+        """A binding Plug putting ``ifname`` of sandbox ``container_id`` in this namespace."""
+        from kuryr_cni import binding
+        return binding.Plug(container_id, self.path, ifname, default_route)
+
     def links(self):
         """{ifname: ``ip -j -d link`` object} of every link."""
         return {link['ifname']: link for link in json.loads(self.ip('-j', '-d', 'link', 'show'))}

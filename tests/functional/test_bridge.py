@@ -45,10 +45,6 @@ def make_vif(n=5, **changes):
     return vif_model.parse_vif(spec)
 
 
-def make_plug(ns, container_id='c0ffee', ifname='eth0', default_route=True):
-    return binding.Plug(container_id, ns.path, ifname, default_route)
-
-
 @pytest.fixture
 def driver(host_ns):
     return bridge.BridgeDriver(host_netns=host_ns.path)
@@ -58,15 +54,11 @@ def host_device(host_ns, plug):
     return host_ns.links().get(owner_tag.host_ifname(plug.container_id, plug.ifname))
 
 
-def pings(ns, address):
-    return ns.run('ping', '-c1', '-W2', '-q', address).returncode == 0
-
-
 # -- connect -----------------------------------------------------------------
 
 def test_connect_configures_pod_interface(host_ns, pod_ns, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
 
     eth0 = pod.link('eth0')
@@ -84,7 +76,7 @@ def test_connect_configures_pod_interface(host_ns, pod_ns, driver):
 
 
 def test_connect_puts_owned_host_end_into_bridge(host_ns, pod_ns, driver):
-    plug = make_plug(pod_ns(), container_id='sandbox-a')
+    plug = pod_ns().plug(container_id='sandbox-a')
     driver.connect(make_vif(), plug)
 
     name = owner_tag.host_ifname('sandbox-a', 'eth0')
@@ -101,7 +93,7 @@ def test_connect_puts_owned_host_end_into_bridge(host_ns, pod_ns, driver):
 
 def test_connect_without_default_route(host_ns, pod_ns, driver):
     pod = pod_ns()
-    driver.connect(make_vif(), make_plug(pod, ifname='net1', default_route=False))
+    driver.connect(make_vif(), pod.plug(ifname='net1', default_route=False))
 
     routes = pod.routes()
     assert not [r for r in routes if r[0] == 'default']
@@ -111,27 +103,27 @@ def test_connect_without_default_route(host_ns, pod_ns, driver):
 @needs_ping
 def test_pod_pings_gateway(host_ns, pod_ns, driver):
     pod = pod_ns()
-    driver.connect(make_vif(), make_plug(pod))
+    driver.connect(make_vif(), pod.plug())
 
-    assert pings(pod, GATEWAY4)
-    assert pings(pod, GATEWAY6)
+    assert pod.pings(GATEWAY4)
+    assert pod.pings(GATEWAY6)
 
 
 @needs_ping
 def test_two_pods_ping_each_other(host_ns, pod_ns, driver):
     a, b = pod_ns(), pod_ns()
-    driver.connect(make_vif(5), make_plug(a, container_id='a'))
-    driver.connect(make_vif(6), make_plug(b, container_id='b'))
+    driver.connect(make_vif(5), a.plug(container_id='a'))
+    driver.connect(make_vif(6), b.plug(container_id='b'))
 
-    assert pings(a, '10.99.0.6')
-    assert pings(b, '10.99.0.5')
-    assert pings(a, 'fd99::6')
+    assert a.pings('10.99.0.6')
+    assert b.pings('10.99.0.5')
+    assert a.pings('fd99::6')
 
 
 @needs_ping
 def test_connect_twice_converges_on_one_interface(host_ns, pod_ns, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     driver.connect(make_vif(), plug)
 
@@ -140,13 +132,13 @@ def test_connect_twice_converges_on_one_interface(host_ns, pod_ns, driver):
     assert sorted(pod.links()) == ['eth0', 'lo']
     assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
     driver.check(make_vif(), plug)
-    assert pings(pod, GATEWAY4)
+    assert pod.pings(GATEWAY4)
 
 
 def test_connect_replaces_half_made_leftovers(host_ns, pod_ns, driver):
     """A connect that died before setting the alias left an untagged pair."""
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     name = owner_tag.host_ifname(plug.container_id, plug.ifname)
     host_ns.ip('link', 'add', name, 'type', 'veth', 'peer', 'name', 'eth0', 'netns', pod.name)
 
@@ -162,14 +154,14 @@ def test_connect_replaces_stale_pod_interface(host_ns, pod_ns, driver):
     pod = pod_ns()
     pod.ip('link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'stale0')
 
-    driver.connect(make_vif(), make_plug(pod))
+    driver.connect(make_vif(), pod.plug())
 
     assert sorted(pod.links()) == ['eth0', 'lo']
     assert pod.link('eth0')['address'] == MAC
 
 
 def test_connect_never_takes_over_a_foreign_device(host_ns, pod_ns, driver):
-    plug = make_plug(pod_ns())
+    plug = pod_ns().plug()
     name = owner_tag.host_ifname(plug.container_id, plug.ifname)
     host_ns.ip('link', 'add', name, 'type', 'veth', 'peer', 'name', 'other0')
     host_ns.ip('link', 'set', name, 'alias', owner_tag.alias('someone-else', 'eth0'))
@@ -188,7 +180,7 @@ def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
     pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
     pod.ip('link', 'set', 'other0', 'up')
     pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
-    plug = make_plug(pod)
+    plug = pod.plug()
 
     with pytest.raises(errors.BindingFailed) as exc:
         driver.connect(make_vif(), plug)
@@ -202,7 +194,7 @@ def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
 def test_connect_creates_missing_bridge_without_address(netns_factory, pod_ns):
     node = netns_factory()
     driver = bridge.BridgeDriver(host_netns=node.path)
-    plug = make_plug(pod_ns())
+    plug = pod_ns().plug()
 
     driver.connect(make_vif(), plug)
 
@@ -217,7 +209,7 @@ def test_connect_creates_missing_bridge_without_address(netns_factory, pod_ns):
 def test_concurrent_connects_share_one_new_bridge(netns_factory, pod_ns):
     node = netns_factory()
     driver = bridge.BridgeDriver(host_netns=node.path)
-    plugs = [make_plug(pod_ns(), container_id='racer-%d' % n) for n in range(8)]
+    plugs = [pod_ns().plug(container_id='racer-%d' % n) for n in range(8)]
     start = threading.Barrier(len(plugs))
 
     def connect(n):
@@ -238,7 +230,7 @@ def test_concurrent_connects_share_one_new_bridge(netns_factory, pod_ns):
 def test_connect_uses_existing_bridge_as_it_is(host_ns, pod_ns, driver):
     before = host_ns.link(BRIDGE)
 
-    driver.connect(make_vif(), make_plug(pod_ns()))
+    driver.connect(make_vif(), pod_ns().plug())
 
     after = host_ns.link(BRIDGE)
     assert after['ifindex'] == before['ifindex']
@@ -250,7 +242,7 @@ def test_connect_refuses_a_device_that_is_no_bridge(host_ns, pod_ns):
     driver = bridge.BridgeDriver(host_netns=host_ns.path)
 
     with pytest.raises(errors.BindingFailed, match='not a bridge'):
-        driver.connect(make_vif(bridge='notabr'), make_plug(pod_ns()))
+        driver.connect(make_vif(bridge='notabr'), pod_ns().plug())
 
 
 @pytest.mark.parametrize('target', ['host', 'own'])
@@ -268,7 +260,7 @@ def test_connect_refuses_host_namespace(host_ns, driver, target):
 
 def test_disconnect_removes_both_ends_and_is_idempotent(host_ns, pod_ns, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
 
     driver.disconnect(plug)
@@ -281,7 +273,7 @@ def test_disconnect_removes_both_ends_and_is_idempotent(host_ns, pod_ns, driver)
 
 def test_disconnect_after_netns_deleted(host_ns, netns_factory, driver):
     pod = netns_factory()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     pod.delete()
 
@@ -292,7 +284,7 @@ def test_disconnect_after_netns_deleted(host_ns, netns_factory, driver):
 
 
 def test_disconnect_with_empty_netns_removes_host_end(host_ns, pod_ns, driver):
-    plug = make_plug(pod_ns())
+    plug = pod_ns().plug()
     driver.connect(make_vif(), plug)
 
     driver.disconnect(binding.Plug(plug.container_id, '', plug.ifname, True))
@@ -304,7 +296,7 @@ def test_disconnect_with_empty_netns_removes_host_end(host_ns, pod_ns, driver):
 def test_disconnect_of_a_never_removes_b(host_ns, pod_ns, driver):
     """Two sandboxes of one pod, same pod ifname: DEL(A) leaves B working."""
     a, b = pod_ns(), pod_ns()
-    plug_a, plug_b = make_plug(a, container_id='sandbox-a'), make_plug(b, container_id='sandbox-b')
+    plug_a, plug_b = a.plug(container_id='sandbox-a'), b.plug(container_id='sandbox-b')
     driver.connect(make_vif(), plug_a)
     driver.disconnect(plug_a)                  # A is gone before B arrives...
     driver.connect(make_vif(), plug_b)
@@ -316,12 +308,12 @@ def test_disconnect_of_a_never_removes_b(host_ns, pod_ns, driver):
     assert host_device(host_ns, plug_b)['ifalias'] == 'kuryr-cni:sandbox-b:eth0'
     assert b.link('eth0')['address'] == MAC
     driver.check(make_vif(), plug_b)
-    assert pings(b, GATEWAY4)
+    assert b.pings(GATEWAY4)
 
 
 def test_disconnect_leaves_a_foreign_device_with_our_name(host_ns, pod_ns, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     name = owner_tag.host_ifname(plug.container_id, plug.ifname)
     host_ns.ip('link', 'add', name, 'type', 'veth', 'peer', 'name', 'other0')
     host_ns.ip('link', 'set', name, 'alias', owner_tag.alias('someone-else', 'eth0'))
@@ -355,7 +347,7 @@ def test_disconnect_refuses_host_namespace(host_ns, driver):
 ])
 def test_check_passes_then_reports_the_difference(host_ns, pod_ns, driver, change, complaint):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     driver.check(make_vif(), plug)
 
@@ -376,7 +368,7 @@ def test_connect_and_disconnect_are_quick(host_ns, pod_ns, driver):
     pod = pod_ns()
     durations = []
     for i in range(5):
-        plug = make_plug(pod, container_id='quick-%d' % i)
+        plug = pod.plug(container_id='quick-%d' % i)
         start = time.perf_counter()
         driver.connect(make_vif(), plug)
         driver.disconnect(plug)
@@ -447,7 +439,7 @@ def test_noop_driver_touches_nothing(host_ns, pod_ns):
     pod = pod_ns()
     before = (host_ns.links().keys(), pod.links().keys())
     driver = binding.get_driver('noop', host_netns=host_ns.path)
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     driver.check(make_vif(), plug)
     driver.disconnect(plug)

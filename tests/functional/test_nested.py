@@ -83,20 +83,12 @@ def make_vif(kind, n=5, **changes):
     return vif_model.parse_vif(spec)
 
 
-def make_plug(ns, container_id='c0ffee', ifname='eth0', default_route=True):
-    return binding.Plug(container_id, ns.path, ifname, default_route)
-
-
-def pings(ns, address):
-    return ns.run('ping', '-c1', '-W2', '-q', address).returncode == 0
-
-
 # -- connect -----------------------------------------------------------------
 
 def test_connect_makes_the_sub_interface_in_the_pod(node, pod_ns, driver, kind):
     pod = pod_ns()
     before = set(node.links())
-    driver.connect(make_vif(kind), make_plug(pod))
+    driver.connect(make_vif(kind), pod.plug())
 
     eth0 = pod.link('eth0')
     assert eth0['linkinfo']['info_kind'] == kind
@@ -118,20 +110,20 @@ def test_connect_makes_the_sub_interface_in_the_pod(node, pod_ns, driver, kind):
 @needs_ping
 def test_pod_reaches_both_gateways_through_the_parent(pod_ns, driver, kind):
     pod = pod_ns()
-    driver.connect(make_vif(kind), make_plug(pod))
-    assert pings(pod, GATEWAY4)
-    assert pings(pod, GATEWAY6)
+    driver.connect(make_vif(kind), pod.plug())
+    assert pod.pings(GATEWAY4)
+    assert pod.pings(GATEWAY6)
 
 
 @needs_ping
 def test_two_pods_on_one_parent_reach_each_other(pod_ns, driver, kind):
     a, b = pod_ns(), pod_ns()
-    driver.connect(make_vif(kind, 5), make_plug(a, 'sandbox-a'))
+    driver.connect(make_vif(kind, 5), a.plug('sandbox-a'))
     driver.connect(make_vif(kind, 6, vlan_id=VLAN_ID + 1) if kind == 'vlan'
-                   else make_vif(kind, 6), make_plug(b, 'sandbox-b'))
+                   else make_vif(kind, 6), b.plug('sandbox-b'))
     if kind == 'macvlan':        # bridge mode: straight through the parent
-        assert pings(a, '10.99.0.6')
-    assert pings(b, GATEWAY4) is (kind == 'macvlan')   # VLAN 101 has no gateway here
+        assert a.pings('10.99.0.6')
+    assert b.pings(GATEWAY4) is (kind == 'macvlan')   # VLAN 101 has no gateway here
 
 
 def test_default_route_only_on_the_default_interface(pod_ns, driver, kind):
@@ -140,8 +132,8 @@ def test_default_route_only_on_the_default_interface(pod_ns, driver, kind):
                       gateway=['10.98.0.1', 'fd98::1'],
                       routes=[{'dst': '10.30.0.0/16', 'gw': '10.98.0.254'}],
                       **({'vlan_id': VLAN_ID + 7} if kind == 'vlan' else {}))
-    driver.connect(make_vif(kind), make_plug(pod, ifname='eth0'))
-    driver.connect(second, make_plug(pod, ifname='eth1', default_route=False))
+    driver.connect(make_vif(kind), pod.plug(ifname='eth0'))
+    driver.connect(second, pod.plug(ifname='eth1', default_route=False))
 
     routes = pod.routes()
     defaults = {r for r in routes if r[0] == 'default'}
@@ -152,7 +144,7 @@ def test_default_route_only_on_the_default_interface(pod_ns, driver, kind):
 
 def test_connect_twice_converges_on_one_interface(pod_ns, driver, kind):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(kind), plug)
     driver.connect(make_vif(kind), plug)
     driver.check(make_vif(kind), plug)
@@ -165,7 +157,7 @@ def test_connect_replaces_its_own_half_made_interface(node, pod_ns, driver, kind
     extra = ['id', str(VLAN_ID)] if kind == 'vlan' else ['mode', 'bridge']
     node.ip('link', 'add', 'link', PARENT, 'name', 'eth0', 'netns', pod.name, 'type', kind,
             *extra)
-    driver.connect(make_vif(kind), make_plug(pod))
+    driver.connect(make_vif(kind), pod.plug())
     assert pod.link('eth0')['ifalias'] == 'kuryr-cni:c0ffee:eth0'
     assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
 
@@ -178,7 +170,7 @@ def test_connect_never_takes_over_a_foreign_interface(node, pod_ns, driver, kind
     pod.ip('link', 'set', 'eth0', 'alias', 'kuryr-cni:someone-else:eth0')
 
     with pytest.raises(errors.BindingFailed, match='belongs to another owner'):
-        driver.connect(make_vif(kind), make_plug(pod))
+        driver.connect(make_vif(kind), pod.plug())
     assert pod.link('eth0')['ifalias'] == 'kuryr-cni:someone-else:eth0'
 
 
@@ -187,7 +179,7 @@ def test_connect_refuses_an_mtu_larger_than_the_parents(node, pod_ns, driver, ki
     node.ip('link', 'set', PARENT, 'mtu', '1400')
     with pytest.raises(errors.InvalidVIF, match='MTU 1450 is larger than the MTU 1400 of '
                                                 'parent trunk0') as exc:
-        driver.connect(make_vif(kind), make_plug(pod))
+        driver.connect(make_vif(kind), pod.plug())
     assert exc.value.code == 7
     assert sorted(pod.links()) == ['lo']
 
@@ -196,16 +188,16 @@ def test_parent_defaults_to_link_iface(node, pod_ns, kind):
     pod = pod_ns()
     driver = binding.get_driver(kind, host_netns=node.path,
                                 options=binding.Options(link_iface=PARENT))
-    driver.connect(make_vif(kind, parent=None), make_plug(pod))
+    driver.connect(make_vif(kind, parent=None), pod.plug())
     assert pod.link('eth0')['link_index'] == node.links()[PARENT]['ifindex']
 
 
 def test_connect_without_any_parent_or_a_missing_one(pod_ns, driver, kind):
     pod = pod_ns()
     with pytest.raises(errors.InvalidVIF, match='names no parent'):
-        driver.connect(make_vif(kind, parent=None), make_plug(pod))
+        driver.connect(make_vif(kind, parent=None), pod.plug())
     with pytest.raises(errors.BindingFailed, match='parent interface nope0 does not exist'):
-        driver.connect(make_vif(kind, parent='nope0'), make_plug(pod))
+        driver.connect(make_vif(kind, parent='nope0'), pod.plug())
     assert sorted(pod.links()) == ['lo']
 
 
@@ -218,7 +210,7 @@ def test_failed_connect_leaves_nothing_behind(pod_ns, driver, kind):
     pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
 
     with pytest.raises(errors.BindingFailed) as exc:
-        driver.connect(make_vif(kind), make_plug(pod))
+        driver.connect(make_vif(kind), pod.plug())
     assert exc.value.code == 101 and 'File exists' in exc.value.details
     assert 'eth0' not in pod.links()
 
@@ -234,7 +226,7 @@ def test_older_sandbox_blocks_until_its_owner_tagged_interface_is_removed(
     alias names that sandbox; the new sandbox then plugs.
     """
     old_ns, new_ns = pod_ns(), pod_ns()
-    old, new = make_plug(old_ns, 'sandbox-a'), make_plug(new_ns, 'sandbox-b')
+    old, new = old_ns.plug('sandbox-a'), new_ns.plug('sandbox-b')
     driver.connect(make_vif(kind), old)
 
     with pytest.raises(errors.BindingFailed) as exc:
@@ -256,7 +248,7 @@ def test_older_sandbox_blocks_until_its_owner_tagged_interface_is_removed(
 
 def test_disconnect_removes_the_interface_and_is_idempotent(pod_ns, driver, kind):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(kind), plug)
     driver.disconnect(plug)
     assert sorted(pod.links()) == ['lo']
@@ -266,7 +258,7 @@ def test_disconnect_removes_the_interface_and_is_idempotent(pod_ns, driver, kind
 
 def test_disconnect_after_the_namespace_is_gone(netns_factory, driver, kind):
     pod = netns_factory()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(kind), plug)
     pod.delete()
     driver.disconnect(plug)
@@ -274,7 +266,7 @@ def test_disconnect_after_the_namespace_is_gone(netns_factory, driver, kind):
 
 def test_disconnect_leaves_a_foreign_interface(pod_ns, driver, kind):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(kind), plug)
     pod.ip('link', 'set', 'eth0', 'alias', 'kuryr-cni:sandbox-z:eth0')
     driver.disconnect(plug)
@@ -293,7 +285,7 @@ def test_disconnect_leaves_a_foreign_interface(pod_ns, driver, kind):
 ])
 def test_check_passes_then_reports_the_difference(pod_ns, driver, kind, change, complaint):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(kind), plug)
     driver.check(make_vif(kind), plug)
     pod.ip(*change)
@@ -304,7 +296,7 @@ def test_check_passes_then_reports_the_difference(pod_ns, driver, kind, change, 
 
 def test_check_notices_another_vlan_or_mode(pod_ns, driver, kind):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(kind), plug)
     if kind == 'vlan':
         other, complaint = make_vif(kind, vlan_id=VLAN_ID + 1), 'has VLAN ID 100, not 101'
@@ -318,5 +310,5 @@ def test_check_notices_another_vlan_or_mode(pod_ns, driver, kind):
 
 def test_owner_tag_is_on_the_pod_side(pod_ns, driver, kind):
     pod = pod_ns()
-    driver.connect(make_vif(kind), make_plug(pod, 'sandbox-q', 'net1', False))
+    driver.connect(make_vif(kind), pod.plug('sandbox-q', 'net1', False))
     assert owner_tag.parse_alias(pod.link('net1')['ifalias']) == ('sandbox-q', 'net1')

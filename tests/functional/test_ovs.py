@@ -71,14 +71,6 @@ def make_vif(n=5, **changes):
     return vif_model.parse_vif(spec)
 
 
-def make_plug(ns, container_id='c0ffee', ifname='eth0', default_route=True):
-    return binding.Plug(container_id, ns.path, ifname, default_route)
-
-
-def pings(ns, address):
-    return ns.run('ping', '-c1', '-W2', '-q', address).returncode == 0
-
-
 def external_ids(switch, name):
     row = switch.interface(name)
     return dict(row['external_ids'][1]) if row else None
@@ -88,7 +80,7 @@ def external_ids(switch, name):
 
 def test_connect_adds_the_host_end_as_an_owned_ovs_port(node, pod_ns, switch, driver):
     pod = pod_ns()
-    plug = make_plug(pod, container_id='sandbox-a')
+    plug = pod.plug(container_id='sandbox-a')
     driver.connect(make_vif(), plug)
 
     name = owner_tag.host_ifname('sandbox-a', 'eth0')
@@ -113,18 +105,18 @@ def test_connect_adds_the_host_end_as_an_owned_ovs_port(node, pod_ns, switch, dr
 def test_traffic_crosses_the_userspace_switch(pod_ns, driver):
     """Right after connect: it waits until ovs-vswitchd has attached the port."""
     a, b = pod_ns(), pod_ns()
-    driver.connect(make_vif(5), make_plug(a, 'sandbox-a'))
-    driver.connect(make_vif(6), make_plug(b, 'sandbox-b'))
-    assert pings(a, GATEWAY4)
-    assert pings(a, GATEWAY6)
-    assert pings(b, '10.88.0.5')
+    driver.connect(make_vif(5), a.plug('sandbox-a'))
+    driver.connect(make_vif(6), b.plug('sandbox-b'))
+    assert a.pings(GATEWAY4)
+    assert a.pings(GATEWAY6)
+    assert b.pings('10.88.0.5')
 
 
 def test_secondary_interface_and_no_default_route(pod_ns, switch, driver):
     pod = pod_ns()
-    driver.connect(make_vif(5), make_plug(pod, ifname='eth0'))
+    driver.connect(make_vif(5), pod.plug(ifname='eth0'))
     driver.connect(make_vif(6, ips=['10.88.0.6/24'], gateway=GATEWAY4, routes=[]),
-                   make_plug(pod, ifname='eth1', default_route=False))
+                   pod.plug(ifname='eth1', default_route=False))
     defaults = {r for r in pod.routes() if r[0] == 'default'}
     assert defaults == {('default', GATEWAY4, 'eth0'), ('default', GATEWAY6, 'eth0')}
     assert len(switch.ports(BRIDGE)) == 2
@@ -132,7 +124,7 @@ def test_secondary_interface_and_no_default_route(pod_ns, switch, driver):
 
 def test_connect_twice_converges_on_one_port(node, pod_ns, switch, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     driver.connect(make_vif(), plug)
     driver.check(make_vif(), plug)
@@ -145,7 +137,7 @@ def test_connect_replaces_a_leftover_row_of_its_own(pod_ns, switch, driver):
     name = owner_tag.host_ifname('c0ffee', 'eth0')
     switch.vsctl('add-port', BRIDGE, name, '--', 'set', 'Interface', name,
                  'external_ids:kuryr-cni-owner=kuryr-cni:c0ffee:eth0')
-    driver.connect(make_vif(), make_plug(pod))
+    driver.connect(make_vif(), pod.plug())
     assert external_ids(switch, name)['iface-id'] == '5d0b-port-5'
 
 
@@ -155,7 +147,7 @@ def test_connect_never_takes_over_a_foreign_row(node, pod_ns, switch, driver):
     switch.vsctl('add-port', BRIDGE, name, '--', 'set', 'Interface', name,
                  'external_ids:kuryr-cni-owner=kuryr-cni:someone:eth0')
     with pytest.raises(errors.BindingFailed, match='belongs to another owner'):
-        driver.connect(make_vif(), make_plug(pod))
+        driver.connect(make_vif(), pod.plug())
     assert external_ids(switch, name)['kuryr-cni-owner'] == 'kuryr-cni:someone:eth0'
     assert name not in node.links() and 'eth0' not in pod.links()
 
@@ -168,7 +160,7 @@ def test_failed_connect_leaves_no_device_and_no_row(node, pod_ns, switch, driver
     pod.ip('link', 'set', 'other0', 'up')
     pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
     with pytest.raises(errors.BindingFailed, match='add route'):
-        driver.connect(make_vif(), make_plug(pod))
+        driver.connect(make_vif(), pod.plug())
     assert switch.ports(BRIDGE) == set()
     assert not [n for n in node.links() if n.startswith(owner_tag.PREFIX)]
     assert 'eth0' not in pod.links()
@@ -179,13 +171,13 @@ def test_connect_refuses_an_mtu_larger_than_the_bridges(pod_ns, switch, driver):
     switch.vsctl('set', 'Interface', BRIDGE, 'mtu_request=1400')
     with pytest.raises(errors.InvalidVIF, match='MTU 1450 is larger than the MTU 1400 of '
                                                 'Open vSwitch bridge br-int'):
-        driver.connect(make_vif(), make_plug(pod))
+        driver.connect(make_vif(), pod.plug())
     assert switch.ports(BRIDGE) == set()
 
 
 def test_connect_refuses_a_missing_bridge(pod_ns, driver):
     with pytest.raises(errors.BindingFailed, match='bridge br-ex does not exist'):
-        driver.connect(make_vif(bridge='br-ex'), make_plug(pod_ns()))
+        driver.connect(make_vif(bridge='br-ex'), pod_ns().plug())
 
 
 # -- OVSDB down or silent: bounded, code 11 ----------------------------------------
@@ -195,7 +187,7 @@ def test_unreachable_ovsdb_is_try_again_later_and_touches_nothing(node, pod_ns, 
     driver = binding.get_driver('ovs', host_netns=node.path, options=binding.Options(
         ovsdb_connection='unix:%s' % (tmp_path / 'absent.sock')))
     with pytest.raises(errors.TryAgainLater, match='cannot reach OVSDB') as exc:
-        driver.connect(make_vif(), make_plug(pod))
+        driver.connect(make_vif(), pod.plug())
     assert exc.value.code == 11
     assert sorted(pod.links()) == ['lo']
 
@@ -209,7 +201,7 @@ def test_silent_ovsdb_is_bounded_by_the_timeout(node, pod_ns, tmp_path):
             ovsdb_connection='unix:' + path, ovsdb_timeout=0.5))
         started = time.monotonic()
         with pytest.raises(errors.TryAgainLater, match='did not answer in time'):
-            driver.connect(make_vif(), make_plug(pod_ns()))
+            driver.connect(make_vif(), pod_ns().plug())
         assert time.monotonic() - started < 3
 
 
@@ -220,7 +212,7 @@ def test_stopped_switch_fails_the_add_after_the_timeout(node, pod_ns, switch):
     switch.stop_switch()
     pod = pod_ns()
     with pytest.raises(errors.TryAgainLater, match='ovs-vswitchd did not apply'):
-        driver.connect(make_vif(), make_plug(pod))
+        driver.connect(make_vif(), pod.plug())
     assert switch.ports(BRIDGE) == set()
     assert 'eth0' not in pod.links()
 
@@ -229,7 +221,7 @@ def test_stopped_switch_fails_the_add_after_the_timeout(node, pod_ns, switch):
 
 def test_disconnect_removes_row_and_device_and_is_idempotent(node, pod_ns, switch, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     driver.disconnect(plug)
     assert switch.ports(BRIDGE) == set()
@@ -241,16 +233,16 @@ def test_disconnect_removes_row_and_device_and_is_idempotent(node, pod_ns, switc
 
 def test_disconnect_of_a_never_removes_b(pod_ns, switch, driver):
     a, b = pod_ns(), pod_ns()
-    driver.connect(make_vif(), make_plug(a, 'sandbox-a'))
-    driver.connect(make_vif(), make_plug(b, 'sandbox-b'))     # same port: B replaces A
-    driver.disconnect(make_plug(a, 'sandbox-a'))
+    driver.connect(make_vif(), a.plug('sandbox-a'))
+    driver.connect(make_vif(), b.plug('sandbox-b'))     # same port: B replaces A
+    driver.disconnect(a.plug('sandbox-a'))
     assert switch.ports(BRIDGE) == {owner_tag.host_ifname('sandbox-b', 'eth0')}
-    driver.check(make_vif(), make_plug(b, 'sandbox-b'))
+    driver.check(make_vif(), b.plug('sandbox-b'))
 
 
 def test_disconnect_spares_a_row_owned_by_someone_else(node, pod_ns, switch, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     name = owner_tag.host_ifname('c0ffee', 'eth0')
     switch.vsctl('set', 'Interface', name, 'external_ids:kuryr-cni-owner=kuryr-cni:x:eth0')
@@ -260,7 +252,7 @@ def test_disconnect_spares_a_row_owned_by_someone_else(node, pod_ns, switch, dri
 
 def test_disconnect_with_ovsdb_down_is_try_again_later(node, pod_ns, switch, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     switch.close()
     with pytest.raises(errors.TryAgainLater):
@@ -271,7 +263,7 @@ def test_disconnect_with_ovsdb_down_is_try_again_later(node, pod_ns, switch, dri
 def test_unrecorded_removal_works_without_ovsdb(node, pod_ns, switch, driver):
     """remove_host_side (DEL of an unknown sandbox) on a node whose OVSDB is gone."""
     pod = pod_ns()
-    driver.connect(make_vif(), make_plug(pod))
+    driver.connect(make_vif(), pod.plug())
     switch.close()
     binding.remove_tagged_host_device('c0ffee', 'eth0', node.path, driver.options)
     assert owner_tag.host_ifname('c0ffee', 'eth0') not in node.links()
@@ -280,7 +272,7 @@ def test_unrecorded_removal_works_without_ovsdb(node, pod_ns, switch, driver):
 
 def test_unrecorded_removal_removes_the_row_too(node, pod_ns, switch, driver):
     pod = pod_ns()
-    driver.connect(make_vif(), make_plug(pod))
+    driver.connect(make_vif(), pod.plug())
     binding.remove_tagged_host_device('c0ffee', 'eth0', node.path, driver.options)
     assert switch.ports(BRIDGE) == set()
     assert owner_tag.host_ifname('c0ffee', 'eth0') not in node.links()
@@ -297,7 +289,7 @@ def test_unrecorded_removal_removes_the_row_too(node, pod_ns, switch, driver):
 ])
 def test_check_passes_then_reports_the_difference(pod_ns, switch, driver, change, complaint):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     driver.check(make_vif(), plug)
     name = owner_tag.host_ifname('c0ffee', 'eth0')
@@ -309,7 +301,7 @@ def test_check_passes_then_reports_the_difference(pod_ns, switch, driver, change
 
 def test_check_reports_pod_side_differences_too(pod_ns, driver):
     pod = pod_ns()
-    plug = make_plug(pod)
+    plug = pod.plug()
     driver.connect(make_vif(), plug)
     pod.ip('addr', 'del', 'fd88::5/64', 'dev', 'eth0')
     with pytest.raises(errors.CheckFailed, match='differs') as exc:
@@ -322,7 +314,7 @@ def test_connect_is_quick(pod_ns, driver):
     pod = pod_ns()
     durations = []
     for i in range(5):
-        plug = make_plug(pod, container_id='quick-%d' % i)
+        plug = pod.plug(container_id='quick-%d' % i)
         started = time.perf_counter()
         driver.connect(make_vif(), plug)
         durations.append(time.perf_counter() - started)

@@ -1,9 +1,10 @@
-"""Fixtures shared by the unit tests that talk to the Kubernetes API stand-in."""
+"""Fixtures shared by unit tests: the API stand-in, a real registry Manager."""
 
 import threading
 
 import pytest
 
+from kuryr_cni import registry as registry_mod
 from kuryr_cni.testbed import apiserver
 
 
@@ -23,3 +24,11 @@ def no_leftover_threads():
     for thread in set(threading.enumerate()) - before:
         thread.join(2)
         assert not thread.is_alive(), 'test left thread %s running' % thread.name
+
+
+@pytest.fixture
+def registry():
+    """A real registry Manager process (never a dict: cross-process bugs must show)."""
+    manager, reg = registry_mod.Registry.start(title='kuryr-cni-daemon: registry (test)')
+    yield reg
+    manager.shutdown()

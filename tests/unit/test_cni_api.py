@@ -14,7 +14,6 @@ import pytest
 
 from kuryr_cni import ownership as ownership_mod
 from kuryr_cni import podlock
-from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
 from kuryr_cni import vif as vif_model
 from kuryr_cni.cni import request as cni_request
@@ -22,13 +21,6 @@ from kuryr_cni.daemon import api
 
 NETWORK = 'kuryr'
 CONFIG = {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}
-
-
-@pytest.fixture
-def registry():
-    manager, reg = registry_mod.Registry.start(title='kuryr-cni-daemon: registry (test)')
-    yield reg
-    manager.shutdown()
 
 
 @pytest.fixture

@@ -19,13 +19,6 @@ from kuryr_cni.daemon import sdnotify
 from kuryr_cni.daemon import server
 
 
-@pytest.fixture
-def registry():
-    manager, reg = registry_mod.Registry.start()
-    yield reg
-    manager.shutdown()
-
-
 def _register(reg, role, worker_id=0, pid=None, age=0.0):
     reg.status.put('pid:%s:%s' % (role, worker_id), pid or os.getpid())
     reg.status.put(heartbeat.key(role, worker_id), time.monotonic() - age)

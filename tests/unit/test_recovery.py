@@ -15,7 +15,6 @@ import pytest
 from kuryr_cni import errors
 from kuryr_cni import ownership as ownership_mod
 from kuryr_cni import podlock
-from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
 from kuryr_cni.daemon import housekeeping
 from kuryr_cni.daemon import recovery
@@ -24,13 +23,6 @@ from kuryr_cni.daemon import recovery
 def binding(pod, owner):
     return {'pod': pod, 'owner': owner, 'uid': 'u',
             'sandboxes': {owner: {'netns': '/run/netns/x', 'uid': 'u', 'attachments': {}}}}
-
-
-@pytest.fixture
-def registry():
-    manager, reg = registry_mod.Registry.start(title='kuryr-cni-daemon: registry (test)')
-    yield reg
-    manager.shutdown()
 
 
 @pytest.fixture
