@@ -59,6 +59,15 @@ def wait_for_owner(node, pod_key, container_id, timeout=20):
     raise AssertionError('%s never became owner of %s' % (container_id, pod_key))
 
 
+def add_in_background(pool, node, runtime, sandbox):
+    """Submit ``sandbox``'s ADD to ``pool`` and return its future once the
+    sandbox owns its pod, i.e. the ADD has claimed it and waits for its VIFs."""
+    future = pool.submit(runtime.add, sandbox)
+    wait_for_owner(node, '%s/%s' % (sandbox.pod_namespace, sandbox.pod_name),
+                   sandbox.container_id)
+    return future
+
+
 def leftovers(node):
     """What a deleted pod could leave behind: tagged host devices, bindings, locks."""
     devices = sorted(name for name, link in node.links().items()

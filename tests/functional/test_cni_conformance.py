@@ -355,8 +355,7 @@ def test_gc_spares_an_add_in_flight(world):
     runtime = world.runtime('1.1.0')
     sandbox, index = world.pod(runtime, active=False)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        adding = pool.submit(runtime.add, sandbox)
-        helpers.wait_for_owner(world.host, 'default/' + sandbox.pod_name, sandbox.container_id)
+        adding = helpers.add_in_background(pool, world.host, runtime, sandbox)
         assert_silent_success(runtime.execute(
             'GC', None, config=_gc_config(runtime, 'cni.dev/valid-attachments', [])))
         assert not adding.done()

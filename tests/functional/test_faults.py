@@ -147,8 +147,7 @@ def test_worker_killed_while_its_add_waits_is_replaced_and_the_retry_succeeds(da
     a = crash.make_pod(node, 9, active=False)
     crash.wait_workers(node)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = pool.submit(runtime.add, a)
-        helpers.wait_for_owner(node, 'default/pod-9', a.container_id)   # now waiting for its VIF
+        add = helpers.add_in_background(pool, node, runtime, a)   # now waiting for its VIF
         victim = crash.worker_serving(node)
         crash.kill(victim)
         outcome = add.result(timeout=30)
@@ -213,8 +212,7 @@ def test_worker_killed_while_plugging_leaves_nothing_the_retry_cannot_fix(daemon
     a = crash.make_pod(node, 11, active=False)
     host_end = owner_tag.host_ifname(a.container_id, 'eth0')
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = pool.submit(runtime.add, a)
-        helpers.wait_for_owner(node, key, a.container_id)
+        add = helpers.add_in_background(pool, node, runtime, a)
         victim = crash.worker_serving(node)
         crash.activate(node, a, 11)
         # The attachment is recorded as being plugged before any device is

@@ -84,8 +84,7 @@ def test_add_waits_for_the_kuryrport_and_its_activation(source, runtime):
     node.api.create_pod('default', POD, testhost.NODE, uid=UID)
     sandbox = _sandbox(node)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = pool.submit(runtime.add, sandbox)
-        helpers.wait_for_owner(node, 'default/' + POD, sandbox.container_id)
+        add = helpers.add_in_background(pool, node, runtime, sandbox)
         _kuryrport(node)                                  # created, no VIFs yet
         node.api.update_kuryrport('default', POD, status=bridge_status(active=False))
         assert not add.done()
@@ -124,8 +123,7 @@ def test_pod_deleted_before_its_kuryrport_fails_fast(source, runtime):
     node.api.create_pod('default', POD, testhost.NODE, uid=UID)
     sandbox = _sandbox(node)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = pool.submit(runtime.add, sandbox)
-        helpers.wait_for_owner(node, 'default/' + POD, sandbox.container_id)
+        add = helpers.add_in_background(pool, node, runtime, sandbox)
         deleted = time.monotonic()
         node.api.delete_pod('default', POD)
         outcome = add.result(timeout=30)

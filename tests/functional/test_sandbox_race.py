@@ -77,8 +77,7 @@ def test_late_del_while_add_b_waits_for_its_vif(daemon, runtime, pod):
     a, b = _sandboxes(node)
     _fail_add_a(node, runtime, a)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add_b = pool.submit(runtime.add, b)
-        helpers.wait_for_owner(node, 'default/' + POD, b.container_id)
+        add_b = helpers.add_in_background(pool, node, runtime, b)
         assert runtime.execute('DEL', a).ok     # B owns the pod and waits for its VIF
         assert not add_b.done()
         _activate(node)

@@ -148,8 +148,7 @@ def test_the_race_of_design_1(world, runtime):
     assert outcome.error_code == 11, outcome
     assert runtime.delete(a).ok
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add_b = pool.submit(runtime.add, b)
-        helpers.wait_for_owner(node, 'default/' + POD, b.container_id)
+        add_b = helpers.add_in_background(pool, node, runtime, b)
         assert runtime.execute('DEL', a).ok      # late DEL while B waits
         assert not add_b.done()
         _activate(world)
