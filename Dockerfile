@@ -4,8 +4,8 @@
 #   docker build -t kuryr-cni:latest .
 #
 # The image runs the daemon; at start its entrypoint installs the CNI shim
-# (shim/kuryr-cni, stdlib-only) into the host's CNI bin dir, where the
-# runtime executes it with the HOST's /usr/bin/python3.
+# (shim/kuryr-cni, stdlib-only; `kuryr-cni --install`) into the host's CNI bin
+# dir, where the runtime executes it with the HOST's /usr/bin/python3.
 
 # Build wheels for the package and its dependencies, so that the repository
 # checkout (.git, tests, docs) never reaches the final image.

@@ -55,8 +55,7 @@ function kuryr_cni_ready_url {
 }
 
 # Copy $1 to $2 with mode $3 so that readers see either the old file or the
-# whole new one: the runtime may exec the shim or read the conflist at any
-# moment, and overwriting an executable that is running fails with ETXTBSY.
+# whole new one: the runtime may read the conflist at any moment.
 function kuryr_cni_install_atomic {
     local src=$1 dst=$2 mode=$3
     local tmp
@@ -73,7 +72,10 @@ function install_kuryr_cni {
     setup_develop "$KURYR_CNI_HOME"
 
     sudo install -d -m 0755 "$CNI_BIN_DIR"
-    kuryr_cni_install_atomic "$shim" "$CNI_BIN_DIR/kuryr-cni" 0755
+    # A launcher plus the shim compiled ahead, each replaced atomically: the
+    # runtime may exec it at any moment (see `kuryr-cni --install`).
+    sudo "$shim" --install "$CNI_BIN_DIR" >/dev/null || \
+        die $LINENO "Cannot install the CNI shim into $CNI_BIN_DIR"
 }
 
 # Write the CNI network configuration list read by the container runtime.
@@ -223,6 +225,7 @@ function kuryr_cni_remove_dir {
 # clean
 function cleanup_kuryr_cni {
     sudo rm -f -- "$CNI_BIN_DIR/kuryr-cni" "$CNI_CONF_DIR/$KURYR_CNI_CONFLIST_NAME"
+    kuryr_cni_remove_dir "$CNI_BIN_DIR/.kuryr-cni"
     sudo rm -f -- "$KURYR_CNI_CONF"
     # Only if empty: an operator may keep other files (a kubeconfig) there.
     sudo rmdir --ignore-fail-on-non-empty -- "$(dirname "$KURYR_CNI_CONF")" 2>/dev/null || true

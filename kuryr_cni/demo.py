@@ -45,7 +45,8 @@ def run(workers):
         say('kuryr-cni-daemon ready in %.2f s with %d workers (READY=1 over NOTIFY_SOCKET)',
             time.monotonic() - started, workers)
         cache = os.path.join(node.workdir, 'cni-cache')
-        runtime = testruntime.Runtime(node.socket, node.state_dir, cache)
+        runtime = testruntime.Runtime(node.socket, node.state_dir, cache,
+                                      shim=node.install_shim())
 
         step('Two ordinary pods')
         for name in ('web-1', 'web-2'):

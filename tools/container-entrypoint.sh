@@ -2,7 +2,8 @@
 # Entrypoint of the kuryr-cni daemon image (Dockerfile), run by the DaemonSet in
 # etc/kubernetes/kuryr-cni-daemonset.yaml:
 #
-#  1. installs the CNI shim into the host's CNI bin dir (mounted from the host),
+#  1. installs the CNI shim into the host's CNI bin dir (mounted from the host)
+#     with `kuryr-cni --install`: a launcher and the shim compiled ahead,
 #  2. installs the CNI network config, when the ConfigMap carries one,
 #  3. names this node from the downward API (the ConfigMap is shared by every
 #     node, so it cannot), and
@@ -59,8 +60,9 @@ if [[ ! -d "${CNI_BIN_DIR}" ]]; then
     log "${CNI_BIN_DIR} is not mounted"
     exit 1
 fi
-install_atomic "${KURYR_CNI_SHIM}" "${CNI_BIN_DIR}/kuryr-cni" 0755
-log "installed ${CNI_BIN_DIR}/kuryr-cni"
+# The image's interpreter writes the launcher and the compiled shim; the
+# host's /usr/bin/python3 runs them (and recompiles if its version differs).
+python3 -IS "${KURYR_CNI_SHIM}" --install "${CNI_BIN_DIR}" >&2
 
 if [[ -f "${KURYR_CNI_CONFLIST}" ]]; then
     if [[ ! -d "${CNI_CONF_DIR}" ]]; then

@@ -65,6 +65,14 @@ class Host:
         self.api = apiserver.APIServer(sock=sock, **kwargs)
         return self.api
 
+    def install_shim(self):
+        """Install the shim as operators do (``kuryr-cni --install``); return its path."""
+        bin_dir = os.path.join(self.workdir, 'cni-bin')
+        os.makedirs(bin_dir, exist_ok=True)
+        subprocess.run([SHIM, '--install', bin_dir], check=True, capture_output=True,
+                       timeout=60)
+        return os.path.join(bin_dir, 'kuryr-cni')
+
     # Pods --------------------------------------------------------------------
 
     def pod_netns(self):

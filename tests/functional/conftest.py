@@ -189,4 +189,5 @@ def daemon(node, vif_timeout):
 @pytest.fixture
 def runtime(node, tmp_path):
     from kuryr_cni.testbed import runtime as testruntime
-    return testruntime.Runtime(node.socket, node.state_dir, str(tmp_path / 'cni-cache'))
+    return testruntime.Runtime(node.socket, node.state_dir, str(tmp_path / 'cni-cache'),
+                               shim=node.install_shim())

@@ -15,6 +15,7 @@ The readiness wait talks to a real HTTP server on 127.0.0.1 through the real
 
 import configparser
 import http.server
+import importlib.util
 import json
 import os
 import shutil
@@ -32,7 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / 'devstack' / 'plugin.sh'
 SETTINGS = REPO / 'devstack' / 'settings'
 
-FAKE_SHIM = b'#!/usr/bin/python3 -IS\n# fake kuryr-cni shim for test_devstack\n'
+SHIM = REPO / 'shim' / 'kuryr-cni'
+# What `kuryr-cni --install DIR` writes into DIR.
+INSTALLED = sorted(['.kuryr-cni', '.kuryr-cni/__pycache__', '.kuryr-cni/kuryr_cni_shim.py',
+                    '.kuryr-cni/__pycache__/' + os.path.basename(
+                        importlib.util.cache_from_source('kuryr_cni_shim.py')),
+                    'kuryr-cni'])
 
 # DevStack's functions, as far as the plugin uses them. Calls are appended to
 # $KC_CALLS as fields separated by \x1f, records by \x1e.
@@ -199,7 +205,7 @@ class Stack:
         self.kubeconfig = r / 'etc/kubernetes/admin.conf'
 
         (self.home / 'shim').mkdir(parents=True)
-        (self.home / 'shim/kuryr-cni').write_bytes(FAKE_SHIM)
+        shutil.copy2(SHIM, self.home / 'shim/kuryr-cni')   # the real one: it installs itself
         (r / 'tmp').mkdir()
         self.stubs.mkdir()
         (self.stubs / 'functions.sh').write_text(STUBS)
@@ -320,11 +326,11 @@ def test_install_develops_the_package_and_installs_the_shim(host):
     host.run('stack', 'install')
 
     assert host.calls('setup_develop') == [[str(host.home)]]
+    assert _tree(host.cni_bin_dir) == INSTALLED
     shim = host.cni_bin_dir / 'kuryr-cni'
-    assert shim.read_bytes() == FAKE_SHIM
     assert _mode(shim) == 0o755
-    assert os.access(shim, os.X_OK)
-    assert sorted(p.name for p in host.cni_bin_dir.iterdir()) == ['kuryr-cni']
+    assert (host.cni_bin_dir / '.kuryr-cni/kuryr_cni_shim.py').read_bytes() == SHIM.read_bytes()
+    _assert_answers_version(shim)
 
 
 def test_install_replaces_an_existing_shim_in_place(host):
@@ -334,9 +340,20 @@ def test_install_replaces_an_existing_shim_in_place(host):
 
     host.run('stack', 'install')
 
-    assert (host.cni_bin_dir / 'kuryr-cni').read_bytes() == FAKE_SHIM
+    _assert_answers_version(host.cni_bin_dir / 'kuryr-cni')
     assert (host.cni_bin_dir / 'loopback').read_text() == 'another plugin'
-    assert sorted(p.name for p in host.cni_bin_dir.iterdir()) == ['kuryr-cni', 'loopback']
+    assert _tree(host.cni_bin_dir) == sorted(INSTALLED + ['loopback'])
+
+
+def _tree(directory):
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob('*'))
+
+
+def _assert_answers_version(shim):
+    proc = subprocess.run([str(shim)], env={'CNI_COMMAND': 'VERSION'}, capture_output=True,
+                          stdin=subprocess.DEVNULL, timeout=30)
+    assert (proc.returncode, proc.stderr) == (0, b'')
+    assert json.loads(proc.stdout)['cniVersion'] == '1.1.0'
 
 
 def test_install_dies_without_the_shim(host):

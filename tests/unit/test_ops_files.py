@@ -271,7 +271,7 @@ class Node:
         for d in (self.bin_dir, self.conf_dir, self.stage.parent, self.config_dir,
                   self.node_config.parent):
             d.mkdir(parents=True)
-        self.stage.write_text('#!/usr/bin/python3 -IS\n# the shim\n')
+        shutil.copy2(REPO / 'shim' / 'kuryr-cni', self.stage)   # the real one: it installs itself
         self.config.write_text('[DEFAULT]\n')
         self.conflist.write_text('{"cniVersion": "1.1.0", "name": "kuryr", "plugins": []}\n')
         # Records its pid and arguments, and the node config as it saw it.
@@ -317,14 +317,12 @@ def test_entrypoint_installs_shim_and_conflist_then_execs_the_daemon(node):
     proc, err, record = node.run('--debug')
     assert proc.returncode == 0, err
 
-    shim = node.bin_dir / 'kuryr-cni'
-    assert shim.read_bytes() == node.stage.read_bytes()
-    assert stat.S_IMODE(shim.stat().st_mode) == 0o755
+    _assert_shim_installed(node)
     installed = node.conf_dir / '10-kuryr.conflist'
     assert installed.read_bytes() == node.conflist.read_bytes()
     assert stat.S_IMODE(installed.stat().st_mode) == 0o644
     # Nothing left behind under temporary names.
-    assert [p.name for p in node.bin_dir.iterdir()] == ['kuryr-cni']
+    assert sorted(p.name for p in node.bin_dir.iterdir()) == ['.kuryr-cni', 'kuryr-cni']
     assert [p.name for p in node.conf_dir.iterdir()] == ['10-kuryr.conflist']
 
     # exec'd (same pid: kubelet's SIGTERM reaches the daemon), per-node config
@@ -348,8 +346,20 @@ def test_entrypoint_replaces_an_installed_shim(node):
     (node.bin_dir / 'loopback').write_text('other plugin')
     proc, err, _ = node.run()
     assert proc.returncode == 0, err
-    assert (node.bin_dir / 'kuryr-cni').read_bytes() == node.stage.read_bytes()
+    _assert_shim_installed(node)
     assert (node.bin_dir / 'loopback').read_text() == 'other plugin'
+
+
+def _assert_shim_installed(node):
+    """A launcher that answers VERSION, running the staged shim's copy."""
+    launcher = node.bin_dir / 'kuryr-cni'
+    assert stat.S_IMODE(launcher.stat().st_mode) == 0o755
+    module = node.bin_dir / '.kuryr-cni' / 'kuryr_cni_shim.py'
+    assert module.read_bytes() == node.stage.read_bytes()
+    proc = subprocess.run([str(launcher)], env={'CNI_COMMAND': 'VERSION'}, capture_output=True,
+                          stdin=subprocess.DEVNULL, timeout=30)
+    assert (proc.returncode, proc.stderr) == (0, b'')
+    assert json.loads(proc.stdout)['cniVersion'] == '1.1.0'
 
 
 def test_entrypoint_without_conflist_leaves_cni_config_alone(node):

@@ -103,6 +103,8 @@ def table(fig, goals, opts):
                  version.get(REFERENCE, {}).get('median'), version['ratio']))
     rows.append(('  bare python3 -IS -c pass, median (ms)', version['bare_python']['median'],
                  None, None))
+    rows.append(('  shim as a plain script, median (ms)', version['shim_script']['median'],
+                 None, None))
     titles = {'serial_add': 'serial ADD', 'serial_del': 'serial DEL',
               'add_none': 'ADD, no pods attached',
               'add_attached': 'ADD, %d pods attached' % opts['memory_pods'],
@@ -188,11 +190,12 @@ def write_chart(path, data, fig):
 
     names = [n for n in (KURYR, REFERENCE) if n in data['serial_add']]
     colours = {KURYR: '#1f77b4', REFERENCE: '#ff7f0e', 'bare_python': '#7f7f7f'}
-    labels = {KURYR: 'kuryr-cni', REFERENCE: 'reference', 'bare_python': 'python3 -IS'}
+    labels = {KURYR: 'kuryr-cni', REFERENCE: 'reference', 'bare_python': 'python3 -IS',
+              'shim_script': 'plain script'}
     figure, axes = pyplot.subplots(2, 3, figsize=(16, 9))
 
     ax = axes[0][0]
-    keys = [k for k in ('bare_python', KURYR, REFERENCE) if k in data['version']]
+    keys = [k for k in ('bare_python', 'shim_script', KURYR, REFERENCE) if k in data['version']]
     ax.boxplot([[s * 1000 for s in data['version'][k]] for k in keys], showfliers=False)
     ax.set_xticks(range(1, len(keys) + 1), [labels[k] for k in keys])
     ax.set_title('VERSION start-up (ms)')

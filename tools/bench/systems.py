@@ -175,7 +175,7 @@ class KuryrSystem(System):
             netconf = {'cniVersion': CNI_VERSION, 'name': 'kuryr', 'type': 'kuryr-cni',
                        'daemon_socket': host.socket, 'state_dir': host.state_dir,
                        'timeout': 110}
-            super().__init__(host, testhost.SHIM, netconf, '/opt/cni/bin')
+            super().__init__(host, host.install_shim(), netconf, '/opt/cni/bin')
         except BaseException:
             host.close()
             raise

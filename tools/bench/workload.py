@@ -8,6 +8,8 @@ of systems (kuryr-cni first, the reference second when present) and returns
 samples keyed by system name.
 """
 
+from kuryr_cni.testbed import host as testhost
+
 BARE_PYTHON = ['/usr/bin/python3', '-IS', '-c', 'pass']
 WARM_UP = 3
 
@@ -18,16 +20,18 @@ def alternate(systems, step):
 
 
 def version_startup(systems, runs):
-    """Seconds of VERSION runs: the shim, the reference plugin, and a bare interpreter.
+    """Seconds of VERSION runs: the shim, the reference plugin, and two yardsticks.
 
-    The bare ``/usr/bin/python3 -IS -c pass`` (run by the first system's
-    driver, with the same environment as its VERSION) is the floor any
-    Python shim stands on. The first ``WARM_UP`` rounds fill the page cache
-    and are not kept.
+    The bare ``/usr/bin/python3 -IS -c pass`` is the floor any Python shim
+    stands on; ``shim/kuryr-cni`` run as a plain script, not installed, shows
+    what compiling it on every run costs. Both run by the first system's
+    driver, with the same environment as its VERSION. The first ``WARM_UP``
+    rounds fill the page cache and are not kept.
     """
     first = systems[0]
-    bare = dict(first.version_op(), argv=BARE_PYTHON)
-    jobs = [('bare_python', first, bare)] + [(s.name, s, s.version_op()) for s in systems]
+    yardsticks = [('bare_python', first, dict(first.version_op(), argv=BARE_PYTHON)),
+                  ('shim_script', first, dict(first.version_op(), argv=[testhost.SHIM]))]
+    jobs = yardsticks + [(s.name, s, s.version_op()) for s in systems]
     samples = {name: [] for name, _, _ in jobs}
     for step in range(WARM_UP + runs):
         shift = step % len(jobs)
