@@ -8,6 +8,7 @@ tests/functional/test_bridge.py (root).
 
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -120,3 +121,53 @@ def test_socket_in_own_namespace():
 def test_socket_in_refuses_a_missing_namespace(tmp_path):
     with pytest.raises(netns.NamespaceNotFound):
         netns.socket_in(str(tmp_path / 'missing'), socket.AF_INET, socket.SOCK_STREAM)
+
+
+# --- handles on the daemon's own namespace are kept per thread ----------------------
+
+def test_a_thread_gets_its_own_namespace_handle_back_in_its_next_block():
+    with netns.iproute() as first:
+        pass
+    with netns.iproute() as again:
+        assert again is first
+    elsewhere = []
+
+    def open_in_another_thread():
+        with netns.iproute() as ipr:
+            elsewhere.append(ipr)
+
+    thread = threading.Thread(target=open_in_another_thread)
+    thread.start()
+    thread.join(5)
+    assert elsewhere and elsewhere[0] is not first
+
+
+def test_a_block_that_raises_closes_its_handle():
+    with pytest.raises(RuntimeError):
+        with netns.iproute() as broken:
+            raise RuntimeError('a timed-out request may still be answered later')
+    with netns.iproute() as fresh:
+        assert fresh is not broken
+
+
+def test_nested_blocks_on_one_thread_get_distinct_handles():
+    with netns.iproute() as outer, netns.iproute() as inner:
+        assert inner is not outer
+    with netns.iproute() as again:
+        assert again in (outer, inner)
+
+
+def test_a_forked_child_never_uses_its_parents_handle():
+    with netns.iproute() as parents:
+        pass
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with netns.iproute() as childs:
+                os._exit(0 if childs is not parents else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with netns.iproute() as again:
+        assert again is parents
