@@ -13,6 +13,7 @@ import http.server
 import selectors
 import socket
 import threading
+import time
 
 from oslo_log import log as logging
 
@@ -32,9 +33,7 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
         super().setup()
         # The server's context may set it ([cni_daemon] client_timeout).
         self.read_deadline = self.server.context.get('read_deadline') or self.read_deadline
-        self._read_guard = threading.Timer(self.read_deadline, self._abort_read)
-        self._read_guard.daemon = True
-        self._read_guard.start()
+        self.server.read_deadlines.watch(self, time.monotonic() + self.read_deadline)
 
     def _abort_read(self):
         LOG.info('Dropping a client that did not send its request within %ss', self.read_deadline)
@@ -43,10 +42,10 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
 
     def request_received(self):
         """Call once the whole request is read: from here on the work may take long."""
-        self._read_guard.cancel()
+        self.server.read_deadlines.release(self)
 
     def finish(self):
-        self._read_guard.cancel()
+        self.server.read_deadlines.release(self)
         super().finish()
 
     def log_message(self, fmt, *args):
@@ -64,6 +63,60 @@ class QuietHandler(http.server.BaseHTTPRequestHandler):
         if payload_bytes:
             self.wfile.write(payload_bytes)
         self.close_connection = True
+
+
+class ReadDeadlines:
+    """Drops the clients whose request is not in by its deadline, from one thread.
+
+    One thread per server instead of a timer thread per connection: starting
+    and cancelling a timer cost ~0.2 ms of CPU per request. Handlers are
+    watched from :meth:`QuietHandler.setup` until their request is read (or
+    the connection ends); an expired one gets ``_abort_read()`` called.
+    """
+
+    def __init__(self):
+        self._due = {}      # handler -> time.monotonic() by which its request must be in
+        self._changed = threading.Condition()
+        self._thread = None
+        self._sleeping_until = None     # the watcher's wake-up time; None: until notified
+        self._stopped = False
+
+    def watch(self, handler, deadline):
+        with self._changed:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name='read-deadlines',
+                                                daemon=True)
+                self._thread.start()
+            self._due[handler] = deadline
+            # Only an earlier deadline needs the watcher awake (waking it costs CPU).
+            if self._sleeping_until is None or deadline < self._sleeping_until:
+                self._changed.notify()
+
+    def release(self, handler):
+        with self._changed:
+            self._due.pop(handler, None)
+
+    def stop(self):
+        with self._changed:
+            self._stopped = True
+            self._changed.notify()
+
+    def _run(self):
+        while True:
+            with self._changed:
+                if self._stopped:
+                    return
+                now = time.monotonic()
+                expired = [handler for handler, due in self._due.items() if due <= now]
+                for handler in expired:
+                    del self._due[handler]
+                if not expired:
+                    self._sleeping_until = min(self._due.values()) if self._due else None
+                    self._changed.wait(None if self._sleeping_until is None
+                                       else self._sleeping_until - now)
+                    continue
+            for handler in expired:
+                handler._abort_read()
 
 
 class BoundedServer:
@@ -84,6 +137,7 @@ class BoundedServer:
         self._wake_r, self._wake_w = socket.socketpair()
         self._idle = threading.Condition()
         self._active = 0
+        self.read_deadlines = ReadDeadlines()
 
     def serve_forever(self, tick=None, tick_interval=None):
         """Serve until :meth:`stop`; call ``tick()`` every ``tick_interval`` s at most.
@@ -136,7 +190,9 @@ class BoundedServer:
         self._stopping.set()
         self._wake_w.send(b'x')
         with self._idle:
-            return self._idle.wait_for(lambda: self._active == 0, timeout=drain_timeout)
+            drained = self._idle.wait_for(lambda: self._active == 0, timeout=drain_timeout)
+        self.read_deadlines.stop()
+        return drained
 
     @property
     def active(self):

@@ -165,6 +165,42 @@ def test_the_accept_loop_ticks_while_idle_and_stops_with_it(tmp_path):
     assert len(ticks) == count
 
 
+class _SlowHandler(server.QuietHandler):
+    """Answers GET after working longer than the read deadline."""
+
+    def do_GET(self):
+        self.request_received()
+        time.sleep(0.6)
+        self.send_json(200, b'{}')
+
+
+def test_only_clients_whose_request_is_late_are_dropped(tmp_path):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / 's'))
+    listener.listen(8)
+    srv = server.BoundedServer(listener, _SlowHandler, concurrency=4, read_deadline=0.3)
+    thread = threading.Thread(target=srv.serve_forever, args=(None, 0.05), daemon=True)
+    thread.start()
+    try:
+        silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+        served = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for sock in silent + [served]:
+            sock.settimeout(5)
+            sock.connect(str(tmp_path / 's'))
+        served.sendall(b'GET / HTTP/1.1\r\nHost: x\r\n\r\n')
+        started = time.monotonic()
+        for sock in silent:
+            assert sock.recv(100) == b''            # dropped, with nothing sent back
+            assert 0.2 <= time.monotonic() - started < 3
+        assert served.recv(100).startswith(b'HTTP/1.1 200')   # not dropped while worked on
+        for sock in silent + [served]:
+            sock.close()
+    finally:
+        srv.stop(drain_timeout=1)
+        thread.join(5)
+        listener.close()
+
+
 # --- systemd notify ----------------------------------------------------------------
 
 @pytest.fixture
