@@ -72,7 +72,7 @@ class Ownership:
             with self.locks.hold(pod.key, deadline) as remove_lock:
                 binding = self._load(pod.key)
                 try:
-                    self._refuse_foreign_ifname(binding, req)
+                    free_names = self._refuse_foreign_ifname(binding, req)
                 except errors.CNIError:
                     if not binding['sandboxes']:
                         remove_lock()   # a refused first ADD leaves no trace
@@ -85,7 +85,7 @@ class Ownership:
                 if vifs is not None:
                     metrics.vif_waited(time.monotonic() - started)
                     try:
-                        return self._plug(binding, req, vifs)
+                        return self._plug(binding, req, vifs, free_names)
                     except errors.CNIError:
                         if self.store.load(pod.key) is None:
                             remove_lock()   # refused before anything was written
@@ -158,13 +158,20 @@ class Ownership:
             metrics.sandbox_evicted()
             LOG.info('Pod %s: evicted the devices of previous sandbox %s', binding['pod'], cid)
 
-    def _plug(self, binding, req, vifs):
+    def _plug(self, binding, req, vifs, free_names=frozenset()):
+        """Plug ``vifs``; ``free_names``: pod interface names found free in this lock hold.
+
+        Eviction, the only change since, frees names and takes none, so they
+        need not be listed again (each listing enters the namespace).
+        """
         sandbox = binding['sandboxes'][req.container_id]
         key = '%s/%s' % (req.network, req.ifname)
         interfaces = _interfaces(vifs, req.ifname)
         previous = sandbox['attachments'].get(key)
         if previous is None:
-            self._refuse_taken_names(req, interfaces)
+            unchecked = [i for i in interfaces if i['ifname'] not in free_names]
+            if unchecked:
+                self._refuse_taken_names(req, unchecked)
         else:
             self._unplug_interfaces(req.container_id, sandbox['netns'], [
                 i for i in previous['interfaces']
@@ -192,10 +199,13 @@ class Ownership:
         Checked before the claim, so a refused ADD changes nothing (no owner
         recorded, no older sandbox evicted). A retried ADD of the same
         attachment is not refused: its record says the name is its own.
+        Returns the names found free (none when nothing was checked).
         """
         sandbox = binding['sandboxes'].get(req.container_id) or {}
-        if '%s/%s' % (req.network, req.ifname) not in sandbox.get('attachments', {}):
-            self._refuse_taken_names(req, [{'ifname': req.ifname}])
+        if '%s/%s' % (req.network, req.ifname) in sandbox.get('attachments', {}):
+            return frozenset()
+        self._refuse_taken_names(req, [{'ifname': req.ifname}])
+        return frozenset([req.ifname])
 
     def _refuse_taken_names(self, req, interfaces):
         taken = netns.link_names(req.netns, host=self.host_netns) & {
