@@ -49,7 +49,8 @@ def test_every_figure_is_in_the_json(run):
     reference = report['reference_skipped'] is None
     names = ['kuryr', 'reference'] if reference else ['kuryr']
     assert _numbers(fig['version_ms']['bare_python']['median'],
-                    fig['version_ms']['shim_script']['median'])
+                    fig['version_ms']['shim_script']['median'], fig['bare_python_cpu_ms'])
+    assert fig['bare_python_cpu_ms'] > 0
     for name in names:
         assert _numbers(fig['version_ms'][name]['median'])
         for key in LATENCIES:

@@ -46,6 +46,7 @@ def figures(data):
                 cpu[name] = used
             cpu['ratio'] = stats.ratio(cpu[KURYR]['total'], cpu.get(REFERENCE, {}).get('total'))
             out['cpu_ms_per_op'][key] = cpu
+    out['bare_python_cpu_ms'] = round(data['bare_python_cpu'] * 1000, 2)
     growth = {name: stats.ratio(out['add_attached_ms'][name]['median'],
                                 out['add_none_ms'][name]['median'])
               for name in data['add_none']}
@@ -127,6 +128,9 @@ def table(fig, goals, opts):
         rows.append(('  of which plugin processes (ms)', entry[KURYR]['plugin'],
                      ref.get('plugin'), None))
         rows.append(('  of which the daemon (ms)', entry[KURYR]['service'], None, None))
+        rows.append(('    of which in the kernel (ms)', entry[KURYR]['service_sys'], None, None))
+    rows.append(('bare python3 -IS start, CPU at c=%s (ms)' % top,
+                 fig['bare_python_cpu_ms'], None, None))
     growth = fig['add_growth']
     rows.append(('ADD cost growth (attached / none)', growth[KURYR], growth.get(REFERENCE),
                  growth['ratio']))

@@ -1,7 +1,8 @@
 """One whole benchmark run, phase after phase; returns the raw measurements.
 
 Order: start both systems → daemon PSS idle → VERSION start-up → serial ADD
-and DEL → throughput at each concurrency → ADD latency with no pods attached
+and DEL → throughput at each concurrency → bare interpreter starts at the
+highest concurrency → ADD latency with no pods attached
 → attach ``memory_pods`` → daemon PSS → ADD latency with them attached →
 delete everything → check nothing is left → daemon PSS with ``workers`` and
 ``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
@@ -89,6 +90,9 @@ def _measure(systems, kuryr, options, log):
             % (options.pods, concurrency, options.rounds))
         out['throughput'][str(concurrency)] = workload.throughput(
             systems, lambda: fresh(base), concurrency, options.rounds)
+    top = max(options.concurrency)
+    log('Bare interpreter starts at concurrency %d' % top)
+    out['bare_python_cpu'] = workload.bare_python_cpu(kuryr, options.pods, top)
 
     log('ADD latency with no pods attached')
     sandboxes = fresh(base)

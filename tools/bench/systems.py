@@ -81,7 +81,8 @@ class System:
         self.cni_path = cni_path
         self.driver = driver_mod.Driver(host.ns)
         self.cache = {}         # container ID -> ADD result (the runtime's result cache)
-        self.last_cpu = None    # {'plugin', 'service'}: CPU seconds of the last run()
+        # CPU seconds of the last run(): {'plugin', 'service', 'service_sys'}
+        self.last_cpu = None
         self._netns = {}        # pod index -> its network namespace path
 
     # Pods -------------------------------------------------------------------
@@ -124,10 +125,12 @@ class System:
         Raises BenchError when any run fails: a benchmark of failures would
         measure nothing.
         """
-        service_before = self.service_cpu()
+        user_before, sys_before = self.service_cpu()
         wall, results = self.driver.run([self.op(command, s) for s in sandboxes], concurrency)
+        user_after, sys_after = self.service_cpu()
         self.last_cpu = {'plugin': self.driver.cpu,
-                         'service': self.service_cpu() - service_before}
+                         'service': user_after + sys_after - user_before - sys_before,
+                         'service_sys': sys_after - sys_before}
         for sandbox, result in zip(sandboxes, results):
             if result['code'] != 0:
                 raise BenchError('%s %s of %s failed (exit %d): %s %s' % (
@@ -140,8 +143,8 @@ class System:
         return wall, [r['seconds'] for r in results]
 
     def service_cpu(self):
-        """CPU seconds used so far by the system's long-running processes (none here)."""
-        return 0.0
+        """``(user, system)`` CPU seconds of the system's long-running processes (none here)."""
+        return 0.0, 0.0
 
     def version_op(self):
         return self.op('VERSION')
@@ -261,16 +264,17 @@ class KuryrSystem(System):
         return json.loads(body)
 
     def service_cpu(self):
-        """CPU seconds of the daemon's processes (threads included) so far."""
-        total = 0
+        """``(user, system)`` CPU seconds of the daemon's processes (threads included)."""
+        user = system = 0
         for pid in self.host.processes():
             try:
                 with open('/proc/%d/stat' % pid) as f:
                     fields = f.read().rpartition(')')[2].split()
             except FileNotFoundError:
                 continue      # a process that ended meanwhile; it did no ADD or DEL
-            total += int(fields[11]) + int(fields[12])    # utime, stime
-        return total / CLOCK_TICKS
+            user += int(fields[11])
+            system += int(fields[12])
+        return user / CLOCK_TICKS, system / CLOCK_TICKS
 
     def gateway(self):
         return testhost.GATEWAY

@@ -44,6 +44,17 @@ def version_startup(systems, runs):
     return samples
 
 
+def bare_python_cpu(system, count, concurrency):
+    """CPU seconds per exec of ``count`` bare interpreters run ``concurrency`` at a time.
+
+    The floor under any CPython shim's CPU per operation on a busy machine,
+    measured as the throughput phases measure the plugins.
+    """
+    op = dict(system.version_op(), argv=BARE_PYTHON)
+    system.driver.run([op] * count, concurrency)
+    return system.driver.cpu / count
+
+
 def serial(systems, command, sandboxes):
     """One ``command`` at a time per pod, alternating systems; ``{name: [seconds]}``.
 
@@ -61,14 +72,14 @@ def serial(systems, command, sandboxes):
 def batch(systems, command, sandboxes, concurrency, step=0, cpu=None):
     """All of ``command`` at ``concurrency``, system after system; ``{name: wall seconds}``.
 
-    ``cpu``, when given, collects ``{name: [(plugin CPU s, service CPU s), ...]}``.
+    ``cpu``, when given, collects ``{name: [last_cpu, ...]}`` (see
+    :attr:`tools.bench.systems.System.last_cpu`).
     """
     walls = {}
     for system in alternate(systems, step):
         walls[system.name], _seconds = system.run(command, sandboxes[system.name], concurrency)
         if cpu is not None:
-            cpu.setdefault(system.name, []).append(
-                (system.last_cpu['plugin'], system.last_cpu['service']))
+            cpu.setdefault(system.name, []).append(system.last_cpu)
     return walls
 
 
@@ -77,13 +88,14 @@ def throughput(systems, make_sandboxes, concurrency, rounds):
 
     ``make_sandboxes()`` returns fresh sandboxes per system for each round.
     Returns ``{name: {'ADD': ops/s, 'DEL': ops/s, 'rounds': [...], 'cpu_ms':
-    {'ADD': {'plugin', 'service'}, 'DEL': {...}}}}``: the rate is all
-    operations over all wall time, ``cpu_ms`` the CPU milliseconds per
+    {'ADD': {'plugin', 'service', 'service_sys'}, 'DEL': {...}}}}``: the rate
+    is all operations over all wall time, ``cpu_ms`` the CPU milliseconds per
     operation of the plugin processes and of the system's long-running
-    processes (kuryr-cni's daemon), which tell what limits the rate.
+    processes (kuryr-cni's daemon; ``service_sys`` is the part of it spent in
+    the kernel), which tell what limits the rate.
     """
     totals = {s.name: {'ADD': [0, 0.0], 'DEL': [0, 0.0]} for s in systems}
-    cpu = {s.name: {'ADD': [0.0, 0.0], 'DEL': [0.0, 0.0]} for s in systems}
+    cpu = {s.name: {'ADD': {}, 'DEL': {}} for s in systems}
     per_round = {s.name: [] for s in systems}
     for step in range(rounds):
         sandboxes = make_sandboxes()
@@ -96,17 +108,15 @@ def throughput(systems, make_sandboxes, concurrency, rounds):
                 totals[name][command][0] += count
                 totals[name][command][1] += wall
                 this_round[name][command] = round(count / wall, 2)
-                cpu[name][command][0] += used[name][0][0]
-                cpu[name][command][1] += used[name][0][1]
+                for part, seconds in used[name][0].items():
+                    cpu[name][command][part] = cpu[name][command].get(part, 0.0) + seconds
         for name in per_round:
             per_round[name].append(this_round[name])
     return {name: {'ADD': round(t['ADD'][0] / t['ADD'][1], 2),
                    'DEL': round(t['DEL'][0] / t['DEL'][1], 2),
                    'rounds': per_round[name],
-                   'cpu_ms': {command: {'plugin': round(cpu[name][command][0] * 1000
-                                                        / t[command][0], 2),
-                                        'service': round(cpu[name][command][1] * 1000
-                                                         / t[command][0], 2)}
+                   'cpu_ms': {command: {part: round(seconds * 1000 / t[command][0], 2)
+                                        for part, seconds in cpu[name][command].items()}
                               for command in ('ADD', 'DEL')}}
             for name, t in totals.items()}
 
