@@ -69,6 +69,20 @@ def test_install_writes_launcher_shim_copy_and_bytecode(installed):
     _assert_valid_timestamp_pyc(cached, module)
 
 
+def test_install_modes_do_not_follow_a_lax_umask(tmp_path):
+    """Root runs what is installed: nothing may come out group or world writable."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    proc = subprocess.run([str(SHIM), '--install', str(bin_dir)], capture_output=True,
+                          timeout=60, umask=0)
+    assert proc.returncode == 0, proc.stderr
+    modes = {str(p.relative_to(bin_dir)): stat.S_IMODE(p.stat().st_mode)
+             for p in bin_dir.rglob('*')}
+    assert modes['kuryr-cni'] == 0o755
+    assert modes['.kuryr-cni'] == modes['.kuryr-cni/__pycache__'] == 0o755
+    assert all(mode & 0o022 == 0 for mode in modes.values()), modes
+
+
 def _assert_valid_timestamp_pyc(cached, module):
     """The header Python checks before trusting a .pyc (PEP 552, timestamp kind)."""
     with open(cached, 'rb') as f:
