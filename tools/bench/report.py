@@ -102,7 +102,7 @@ def table(fig, goals, opts):
     version = fig['version_ms']
     rows.append(('VERSION start-up, median (ms)', version[KURYR]['median'],
                  version.get(REFERENCE, {}).get('median'), version['ratio']))
-    rows.append(('  bare python3 -IS -c pass, median (ms)', version['bare_python']['median'],
+    rows.append(('  bare python3 -IS start and exit, median (ms)', version['bare_python']['median'],
                  None, None))
     rows.append(('  shim as a plain script, median (ms)', version['shim_script']['median'],
                  None, None))
@@ -129,7 +129,7 @@ def table(fig, goals, opts):
                      ref.get('plugin'), None))
         rows.append(('  of which the daemon (ms)', entry[KURYR]['service'], None, None))
         rows.append(('    of which in the kernel (ms)', entry[KURYR]['service_sys'], None, None))
-    rows.append(('bare python3 -IS start, CPU at c=%s (ms)' % top,
+    rows.append(('bare python3 -IS start and exit, CPU at c=%s (ms)' % top,
                  fig['bare_python_cpu_ms'], None, None))
     growth = fig['add_growth']
     rows.append(('ADD cost growth (attached / none)', growth[KURYR], growth.get(REFERENCE),
