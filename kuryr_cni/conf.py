@@ -60,6 +60,15 @@ binding_opts = [
                help='OVSDB server connection used by the ovs binding.'),
     cfg.StrOpt('link_iface', default=None,
                help='Default parent interface of vlan and macvlan VIFs that name none.'),
+    cfg.StrOpt('ipv6_link_local', default='with-ipv6', choices=[
+        ('with-ipv6', 'only pod interfaces whose VIF has an IPv6 address get one'),
+        ('always', 'every pod interface gets one, as the kernel would')],
+        help='Which pod interfaces get the kernel\'s IPv6 link-local address. '
+             'With it come duplicate address detection, multicast listener '
+             'reports and router solicitations that repeat for the life of the '
+             'pod, and a bridge floods each of them to every other pod: on an '
+             'IPv4-only network, CPU spent on every pod for each pod started, '
+             'for an address only IPv6 link-local traffic between pods uses.'),
 ]
 
 health_opts = [

@@ -42,12 +42,14 @@ class Options:
 
     ovsdb_connection: str = 'unix:/run/openvswitch/db.sock'
     link_iface: str | None = None   # parent of vlan/macvlan VIFs that name none
+    ipv6_link_local: str = 'with-ipv6'  # or 'always' (see the option's help)
     ovsdb_timeout: float = 10.0     # seconds for one OVSDB transaction, connect included
 
     @classmethod
     def from_conf(cls, conf):
         return cls(ovsdb_connection=conf.binding.ovsdb_connection,
-                   link_iface=conf.binding.link_iface)
+                   link_iface=conf.binding.link_iface,
+                   ipv6_link_local=conf.binding.ipv6_link_local)
 
 
 @dataclasses.dataclass(frozen=True)

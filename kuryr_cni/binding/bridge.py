@@ -18,7 +18,8 @@ the pair: moving a device between namespaces afterwards costs the kernel
 Per connect: one opening of the pod namespace (checked, then used both for
 the netlink socket and as ``net_ns_fd``), and netlink round trips: host side
 bridge lookup, veth creation (echoed, which gives both indexes), owner alias;
-pod side link up, ``lo`` up, one per address and one per route.
+pod side IPv6 address generation off (for a VIF without IPv6 addresses),
+link up, ``lo`` up, one per address and one per route.
 """
 
 import contextlib
@@ -35,9 +36,6 @@ from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
 
 LOG = logging.getLogger(__name__)
-
-_NO_IPV6_ADDRESSES = {'attrs': [('AF_INET6', {'attrs': [
-    ('IFLA_INET6_ADDR_GEN_MODE', 1)]})]}   # IN6_ADDR_GEN_MODE_NONE: no link-local
 
 # Outcomes of podside.delete_owned_link
 DELETED, ABSENT, FOREIGN = podside.DELETED, podside.ABSENT, podside.FOREIGN
@@ -70,7 +68,7 @@ class BridgeDriver(base.Driver):
                 host_index, pod_index = self._indexes(host, reply, host_name)
                 with base.kernel_errors('set owner alias on %s' % host_name):
                     host.link('set', index=host_index, ifalias=owner)
-                podside.configure(pod, pod_index, vif, plug)
+                podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
             except BaseException:
                 self._undo(host, host_name)
                 raise
@@ -149,7 +147,7 @@ class BridgeDriver(base.Driver):
                 return podside.get_link(host, name)
             link = podside.get_link(host, name)
             # Off before it goes up, or the kernel gives it an IPv6 link-local address.
-            host.link('set', index=link['index'], IFLA_AF_SPEC=_NO_IPV6_ADDRESSES)
+            host.link('set', index=link['index'], IFLA_AF_SPEC=podside.NO_IPV6_ADDRESSES)
             host.link('set', index=link['index'], state='up')
         LOG.info('Created bridge %s', name)
         return link

@@ -88,7 +88,7 @@ class NestedDriver(base.Driver):
                         raise errors.BindingFailed('%s vanished from %s while being set up'
                                                    % (plug.ifname, plug.netns))
                     pod.link('set', index=link['index'], ifalias=owner)
-                podside.configure(pod, link['index'], vif, plug)
+                podside.configure(pod, link['index'], vif, plug, self.options.ipv6_link_local)
             except BaseException:
                 self._undo(pod, plug)
                 raise

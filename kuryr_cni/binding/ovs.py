@@ -85,7 +85,7 @@ class OvsDriver(bridge.BridgeDriver):
                 with base.kernel_errors('set owner alias on %s' % host_name):
                     host.link('set', index=host_index, ifalias=owner)
                 self._add_port(host_name, owner, vif, plug)
-                podside.configure(pod, pod_index, vif, plug)
+                podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
             except BaseException:
                 self._undo(host, host_name)
                 self._forget_port(host_name, owner)

@@ -27,15 +27,24 @@ _DEFAULT = {4: ipaddress.ip_network('0.0.0.0/0'), 6: ipaddress.ip_network('::/0'
 # Outcomes of delete_owned_link
 DELETED, ABSENT, FOREIGN = 'deleted', 'absent', 'foreign'
 
+# IFLA_AF_SPEC turning IPv6 address generation off (IN6_ADDR_GEN_MODE_NONE):
+# set while the device is down, it never gets a link-local address.
+NO_IPV6_ADDRESSES = {'attrs': [('AF_INET6', {'attrs': [
+    ('IFLA_INET6_ADDR_GEN_MODE', 1)]})]}
 
-def configure(pod, index, vif, plug):
+
+def configure(pod, index, vif, plug, ipv6_link_local='with-ipv6'):
     """Bring interface ``index`` and ``lo`` up; add the VIF's addresses and routes.
 
     One netlink request per step: link up, ``lo`` up, one per address, one
-    per route. IPv6 addresses are added without duplicate address detection
-    so they are usable at once.
+    per route; before them, on a VIF without IPv6 addresses, one turning off
+    the kernel's IPv6 link-local address (unless ``ipv6_link_local`` is
+    ``'always'``: see ``[binding] ipv6_link_local``). IPv6 addresses are
+    added without duplicate address detection so they are usable at once.
     """
     where = '%s in %s' % (plug.ifname, plug.netns)
+    if ipv6_link_local != 'always' and not _has_ipv6(vif):
+        _no_link_local(pod, index, where)
     with base.kernel_errors('bring up %s' % where):
         pod.link('set', index=index, state='up')
     with base.kernel_errors('bring up lo in %s' % plug.netns):
@@ -55,6 +64,19 @@ def configure(pod, index, vif, plug):
             spec['gateway'] = str(gw)
         with base.kernel_errors('add route %s via %s to %s' % (dst, gw or 'link', where)):
             pod.route('add', **spec)
+
+
+def _has_ipv6(vif):
+    return any(ipaddress.ip_interface(cidr).version == 6 for cidr in vif.ips)
+
+
+def _no_link_local(pod, index, where):
+    with base.kernel_errors('turn off IPv6 address generation on %s' % where):
+        try:
+            pod.link('set', index=index, IFLA_AF_SPEC=NO_IPV6_ADDRESSES)
+        except NetlinkError as exc:
+            if exc.code != errno.EAFNOSUPPORT:
+                raise   # without IPv6 in the kernel, there is nothing to turn off
 
 
 def check(pod, vif, plug):

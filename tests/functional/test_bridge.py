@@ -16,6 +16,7 @@ from kuryr_cni import binding
 from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni import vif as vif_model
+from kuryr_cni.binding import base
 from kuryr_cni.binding import bridge
 from kuryr_cni.binding import noop
 from kuryr_cni.binding import owner_tag
@@ -73,6 +74,44 @@ def test_connect_configures_pod_interface(host_ns, pod_ns, driver):
             ('192.168.0.0/16', '10.99.0.254', 'eth0'),
             ('172.16.0.0/12', None, 'eth0')} <= routes
     assert 'UP' in pod.links()['lo']['flags']
+
+
+def _ipv6_addresses(pod, ifname):
+    return [a for a in pod.link(ifname).get('addr_info', []) if a['family'] == 'inet6']
+
+
+def test_ipv4_only_vif_gets_no_ipv6_link_local(host_ns, pod_ns, driver):
+    """No fe80 address: no DAD, MLD or router solicitations for the bridge to flood."""
+    pod = pod_ns()
+    driver.connect(make_vif(ips=['10.99.0.5/24'], gateway=[GATEWAY4]), pod.plug())
+    assert pod.addresses('eth0') == {'10.99.0.5/24'}
+    assert _ipv6_addresses(pod, 'eth0') == []
+    assert pod.pings(GATEWAY4)
+
+
+def test_dual_stack_vif_keeps_the_kernels_link_local(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    driver.connect(make_vif(), pod.plug())
+    assert [a['local'][:5] for a in _ipv6_addresses(pod, 'eth0') if a['scope'] == 'link'] \
+        == ['fe80:']
+
+
+def test_ipv6_link_local_always_gives_ipv4_only_vifs_one(host_ns, pod_ns):
+    always = bridge.BridgeDriver(host_netns=host_ns.path,
+                                 options=base.Options(ipv6_link_local='always'))
+    pod = pod_ns()
+    always.connect(make_vif(ips=['10.99.0.5/24'], gateway=[GATEWAY4]), pod.plug())
+    assert [a['local'][:5] for a in _ipv6_addresses(pod, 'eth0')] == ['fe80:']
+
+
+def test_ipv4_only_vif_in_a_pod_with_ipv6_disabled(host_ns, pod_ns, driver):
+    pod = pod_ns()
+    disabled = pod.run('sysctl', '-qw', 'net.ipv6.conf.all.disable_ipv6=1',
+                       'net.ipv6.conf.default.disable_ipv6=1')
+    assert disabled.returncode == 0, disabled.stderr
+    driver.connect(make_vif(ips=['10.99.0.5/24'], gateway=[GATEWAY4]), pod.plug())
+    assert pod.addresses('eth0') == {'10.99.0.5/24'}
+    assert pod.pings(GATEWAY4)
 
 
 def test_connect_puts_owned_host_end_into_bridge(host_ns, pod_ns, driver):
