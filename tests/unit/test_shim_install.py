@@ -66,7 +66,7 @@ def test_install_writes_launcher_shim_copy_and_bytecode(installed):
     assert module.read_bytes() == SHIM.read_bytes()
     # The launcher keeps the shim's own interpreter line.
     assert installed.read_bytes().split(b'\n', 1)[0] == SHIM.read_bytes().split(b'\n', 1)[0]
-    _assert_valid_timestamp_pyc(cached, module)
+    _assert_checked_hash_pyc(cached, module)
 
 
 def test_install_modes_do_not_follow_a_lax_umask(tmp_path):
@@ -83,15 +83,13 @@ def test_install_modes_do_not_follow_a_lax_umask(tmp_path):
     assert all(mode & 0o022 == 0 for mode in modes.values()), modes
 
 
-def _assert_valid_timestamp_pyc(cached, module):
-    """The header Python checks before trusting a .pyc (PEP 552, timestamp kind)."""
+def _assert_checked_hash_pyc(cached, module):
+    """The header Python checks before running a .pyc (PEP 552, checked hash kind)."""
     with open(cached, 'rb') as f:
         header = f.read(16)
-    source = module.stat()
     assert header[:4] == importlib.util.MAGIC_NUMBER
-    assert int.from_bytes(header[4:8], 'little') == 0      # not hash-based
-    assert int.from_bytes(header[8:12], 'little') == int(source.st_mtime) & 0xFFFFFFFF
-    assert int.from_bytes(header[12:16], 'little') == source.st_size & 0xFFFFFFFF
+    assert int.from_bytes(header[4:8], 'little') == 0b11   # hash-based, checked
+    assert header[8:16] == importlib.util.source_hash(module.read_bytes())
 
 
 @pytest.mark.parametrize('version', VERSIONS)
@@ -135,6 +133,19 @@ def test_launcher_runs_the_bytecode_installed_and_imports_nothing_more(installed
     assert names - baseline <= IMPORT_ALLOW_LIST | {MODULE}, sorted(names - baseline)
     # Python rewrites a cache it finds stale; this one was taken as it is.
     assert (os.stat(cached).st_mtime_ns, open(cached, 'rb').read()) == before
+
+
+def test_launcher_never_runs_stale_bytecode(installed):
+    """A copy changed at the same size within the same second is still recompiled."""
+    module = installed.parent / '.kuryr-cni' / (MODULE + '.py')
+    before = module.stat()
+    source = module.read_bytes()
+    changed = source.replace(b"'0.3.0', '0.3.1'", b"'0.3.0', '0.3.9'", 1)
+    assert changed != source and len(changed) == len(source)
+    module.write_bytes(changed)
+    os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))
+    proc = run([str(installed)], {'CNI_COMMAND': 'VERSION'}, b'')
+    assert json.loads(proc.stdout)['supportedVersions'][1] == '0.3.9'
 
 
 @pytest.mark.parametrize('how', ['relative path', 'interpreter with file name'])
