@@ -24,9 +24,10 @@ from tests.unit.test_shim import (ADD_RESULT, FakeDaemon, SHIM, SYSTEM_PYTHON, V
 MODULE = 'kuryr_cni_shim'
 
 
-def install(bin_dir):
+def install(bin_dir, **options):
+    """Run ``kuryr-cni --install bin_dir``; ``options`` go to subprocess.run."""
     return subprocess.run([str(SHIM), '--install', str(bin_dir)], capture_output=True,
-                          timeout=60)
+                          timeout=60, **options)
 
 
 @pytest.fixture
@@ -73,8 +74,7 @@ def test_install_modes_do_not_follow_a_lax_umask(tmp_path):
     """Root runs what is installed: nothing may come out group or world writable."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
-    proc = subprocess.run([str(SHIM), '--install', str(bin_dir)], capture_output=True,
-                          timeout=60, umask=0)
+    proc = install(bin_dir, umask=0)
     assert proc.returncode == 0, proc.stderr
     modes = {str(p.relative_to(bin_dir)): stat.S_IMODE(p.stat().st_mode)
              for p in bin_dir.rglob('*')}
