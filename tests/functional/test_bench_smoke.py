@@ -51,6 +51,8 @@ def test_every_figure_is_in_the_json(run):
     assert _numbers(fig['version_ms']['bare_python']['median'],
                     fig['version_ms']['shim_script']['median'], fig['bare_python_cpu_ms'])
     assert fig['bare_python_cpu_ms'] > 0
+    assert sorted(fig['shim_alone_cpu_ms']) == ['add', 'del']
+    assert all(_numbers(v) and v > 0 for v in fig['shim_alone_cpu_ms'].values())
     for name in names:
         assert _numbers(fig['version_ms'][name]['median'])
         for key in LATENCIES:

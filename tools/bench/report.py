@@ -47,6 +47,8 @@ def figures(data):
             cpu['ratio'] = stats.ratio(cpu[KURYR]['total'], cpu.get(REFERENCE, {}).get('total'))
             out['cpu_ms_per_op'][key] = cpu
     out['bare_python_cpu_ms'] = round(data['bare_python_cpu'] * 1000, 2)
+    out['shim_alone_cpu_ms'] = {command.lower(): round(seconds * 1000, 2)
+                                for command, seconds in data['shim_alone_cpu'].items()}
     growth = {name: stats.ratio(out['add_attached_ms'][name]['median'],
                                 out['add_none_ms'][name]['median'])
               for name in data['add_none']}
@@ -127,6 +129,8 @@ def table(fig, goals, opts):
                      entry[KURYR]['total'], ref.get('total'), entry['ratio']))
         rows.append(('  of which plugin processes (ms)', entry[KURYR]['plugin'],
                      ref.get('plugin'), None))
+        rows.append(('    the shim alone, against a stub daemon (ms)',
+                     fig['shim_alone_cpu_ms'][command], None, None))
         rows.append(('  of which the daemon (ms)', entry[KURYR]['service'], None, None))
         rows.append(('    of which in the kernel (ms)', entry[KURYR]['service_sys'], None, None))
     rows.append(('bare python3 -IS start and exit, CPU at c=%s (ms)' % top,

@@ -1,10 +1,10 @@
 """One whole benchmark run, phase after phase; returns the raw measurements.
 
 Order: start both systems → daemon PSS idle → VERSION start-up → serial ADD
-and DEL → throughput at each concurrency → bare interpreter starts at the
-highest concurrency → ADD latency with no pods attached
-→ attach ``memory_pods`` → daemon PSS → ADD latency with them attached →
-delete everything → check nothing is left → daemon PSS with ``workers`` and
+and DEL → throughput at each concurrency → bare interpreter starts, then the
+shim against a stub daemon, at the highest concurrency → ADD latency with no
+pods attached → attach ``memory_pods`` → daemon PSS → ADD latency with them
+attached → delete everything → check nothing is left → daemon PSS with ``workers`` and
 ``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
 Every system's hosts, namespaces, processes and files are removed on the way
 out, also on failure or SIGTERM.
@@ -93,6 +93,9 @@ def _measure(systems, kuryr, options, log):
     top = max(options.concurrency)
     log('Bare interpreter starts at concurrency %d' % top)
     out['bare_python_cpu'] = workload.bare_python_cpu(kuryr, options.pods, top)
+    log('The shim against a stub daemon at concurrency %d' % top)
+    out['shim_alone_cpu'] = workload.shim_alone_cpu(
+        kuryr, os.path.join(kuryr.host.workdir, 'stub.sock'), options.pods, top)
 
     log('ADD latency with no pods attached')
     sandboxes = fresh(base)

@@ -8,7 +8,11 @@ of systems (kuryr-cni first, the reference second when present) and returns
 samples keyed by system name.
 """
 
+import json
+
 from kuryr_cni.testbed import host as testhost
+from tools.bench import stub
+from tools.bench.systems import BenchError, Sandbox
 
 # The interpreter starting and leaving at once, without teardown, as the shim leaves.
 BARE_PYTHON = ['/usr/bin/python3', '-IS', '-c', 'import posix; posix._exit(0)']
@@ -54,6 +58,34 @@ def bare_python_cpu(system, count, concurrency):
     op = dict(system.version_op(), argv=BARE_PYTHON)
     system.driver.run([op] * count, concurrency)
     return system.driver.cpu / count
+
+
+def shim_alone_cpu(system, socket_path, count, concurrency):
+    """CPU seconds per ADD and per DEL of ``system``'s shim against a stub daemon.
+
+    ``count`` of each run ``concurrency`` at a time, as the throughput phases
+    run them, the shim talking to :class:`tools.bench.stub.StubDaemon` on
+    ``socket_path`` instead of the daemon: the part of an operation's CPU no
+    daemon behind this shim can take away. Returns ``{'ADD': s, 'DEL': s}``.
+    """
+    ops = {}
+    for command in ('ADD', 'DEL'):
+        ops[command] = []
+        for index in range(count):
+            op = system.op(command, Sandbox('stub-%d' % index, '/run/netns/kc-bench-stub',
+                                            'pod-%d' % index, 'uid-%d' % index))
+            op['stdin'] = json.dumps(dict(json.loads(op['stdin']), daemon_socket=socket_path))
+            ops[command].append(op)
+    cpu = {}
+    with stub.StubDaemon(socket_path):
+        for command in ('ADD', 'DEL'):
+            _wall, results = system.driver.run(ops[command], concurrency)
+            failed = [r for r in results if r['code'] != 0]
+            if failed:
+                raise BenchError('shim %s against the stub daemon failed: %s'
+                                 % (command, failed[0]['stdout'].strip()))
+            cpu[command] = system.driver.cpu / count
+    return cpu
 
 
 def serial(systems, command, sandboxes):
