@@ -8,8 +8,12 @@
 
 The bridge is created (and brought up, with IPv6 address generation off)
 when it is missing, used as it is when it exists, and never given an
-address: the gateway lives on the network's router. A VIF whose MTU exceeds
-the bridge's is refused. The pod end is configured by
+address: the gateway lives on the network's router. Nor is the host end,
+which is only a port: with the kernel's IPv6 link-local address, each port
+would repeat DAD, MLD reports and router solicitations (the last without
+end) that the bridge floods to every other port, work that grows with the
+square of the pods on the bridge. A VIF whose MTU exceeds the bridge's is
+refused. The pod end is configured by
 :mod:`kuryr_cni.binding.podside`, as every driver's is. The pod end is created
 directly inside the pod namespace by the same netlink request that creates
 the pair: moving a device between namespaces afterwards costs the kernel
@@ -17,9 +21,10 @@ the pair: moving a device between namespaces afterwards costs the kernel
 
 Per connect: one opening of the pod namespace (checked, then used both for
 the netlink socket and as ``net_ns_fd``), and netlink round trips: host side
-bridge lookup, veth creation (echoed, which gives both indexes), owner alias;
-pod side IPv6 address generation off (for a VIF without IPv6 addresses),
-link up, ``lo`` up, one per address and one per route.
+bridge lookup, veth creation (echoed, which gives both indexes), owner alias
+with IPv6 address generation off, link up; pod side IPv6 address generation
+off (for a VIF without IPv6 addresses), link up, ``lo`` up, one per address
+and one per route.
 """
 
 import contextlib
@@ -66,8 +71,7 @@ class BridgeDriver(base.Driver):
                 host, pod, pod_fd, host_name, owner, bridge['index'], vif, plug)
             try:
                 host_index, pod_index = self._indexes(host, reply, host_name)
-                with base.kernel_errors('set owner alias on %s' % host_name):
-                    host.link('set', index=host_index, ifalias=owner)
+                self._finish_host_end(host, host_index, host_name, owner)
                 podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
             except BaseException:
                 self._undo(host, host_name)
@@ -146,14 +150,13 @@ class BridgeDriver(base.Driver):
                 LOG.debug('Bridge %s was created concurrently', name)
                 return podside.get_link(host, name)
             link = podside.get_link(host, name)
-            # Off before it goes up, or the kernel gives it an IPv6 link-local address.
-            host.link('set', index=link['index'], IFLA_AF_SPEC=podside.NO_IPV6_ADDRESSES)
+            podside.set_without_ipv6_addresses(host, link['index'])
             host.link('set', index=link['index'], state='up')
         LOG.info('Created bridge %s', name)
         return link
 
     def _create_veth(self, host, pod, pod_fd, host_name, owner, bridge_index, vif, plug):
-        """Create the pair in one request; return the kernel's (echoed) reply.
+        """Create the pair, both ends down, in one request; return the kernel's (echoed) reply.
 
         ``bridge_index`` None leaves the host end without a master.
         """
@@ -164,7 +167,7 @@ class BridgeDriver(base.Driver):
                 try:
                     reply = host.link(
                         'add', ifname=host_name, kind='veth', mtu=vif.mtu,
-                        master=bridge_index, state='up',
+                        master=bridge_index,
                         peer={'ifname': plug.ifname, 'net_ns_fd': pod_fd,
                               'address': vif.mac, 'mtu': vif.mtu})
                     break
@@ -174,6 +177,13 @@ class BridgeDriver(base.Driver):
                 LOG.info('Replacing what %s left of %s in %s', owner, plug.ifname, plug.netns)
                 self._remove_leftovers(host, pod, host_name, owner, plug)
         return reply
+
+    def _finish_host_end(self, host, index, host_name, owner):
+        """Tag the host end with its owner, without IPv6 addresses, and bring it up."""
+        with base.kernel_errors('set owner alias on %s' % host_name):
+            podside.set_without_ipv6_addresses(host, index, ifalias=owner)
+        with base.kernel_errors('bring up %s' % host_name):
+            host.link('set', index=index, state='up')
 
     def _indexes(self, host, reply, host_name):
         """(host index, pod index) of the new pair, from the echoed creation."""

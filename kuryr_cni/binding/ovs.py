@@ -10,7 +10,8 @@
         container-id=<container> kuryr-cni-owner=kuryr-cni:<container>:<ifname>
 
 The veth pair is made as the ``bridge`` driver makes it (the pod end created
-directly in the pod namespace, the host end tagged with the owner alias),
+directly in the pod namespace, the host end tagged with the owner alias and
+without IPv6 addresses),
 but the host end gets no kernel master: it is added to the OVS bridge
 through OVSDB (:mod:`kuryr_cni.binding.ovsdb`, ``[binding]
 ovsdb_connection``) in one transaction that also replaces a row this plug
@@ -82,8 +83,7 @@ class OvsDriver(bridge.BridgeDriver):
             reply = self._create_veth(host, pod, pod_fd, host_name, owner, None, vif, plug)
             try:
                 host_index, pod_index = self._indexes(host, reply, host_name)
-                with base.kernel_errors('set owner alias on %s' % host_name):
-                    host.link('set', index=host_index, ifalias=owner)
+                self._finish_host_end(host, host_index, host_name, owner)
                 self._add_port(host_name, owner, vif, plug)
                 podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
             except BaseException:

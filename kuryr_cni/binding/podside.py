@@ -44,7 +44,8 @@ def configure(pod, index, vif, plug, ipv6_link_local='with-ipv6'):
     """
     where = '%s in %s' % (plug.ifname, plug.netns)
     if ipv6_link_local != 'always' and not _has_ipv6(vif):
-        _no_link_local(pod, index, where)
+        with base.kernel_errors('turn off IPv6 address generation on %s' % where):
+            set_without_ipv6_addresses(pod, index)
     with base.kernel_errors('bring up %s' % where):
         pod.link('set', index=index, state='up')
     with base.kernel_errors('bring up lo in %s' % plug.netns):
@@ -70,13 +71,20 @@ def _has_ipv6(vif):
     return any(ipaddress.ip_interface(cidr).version == 6 for cidr in vif.ips)
 
 
-def _no_link_local(pod, index, where):
-    with base.kernel_errors('turn off IPv6 address generation on %s' % where):
-        try:
-            pod.link('set', index=index, IFLA_AF_SPEC=NO_IPV6_ADDRESSES)
-        except NetlinkError as exc:
-            if exc.code != errno.EAFNOSUPPORT:
-                raise   # without IPv6 in the kernel, there is nothing to turn off
+def set_without_ipv6_addresses(ipr, index, **attrs):
+    """Turn off IPv6 address generation on down link ``index``, setting ``attrs`` too.
+
+    On a link that is up already, the kernel has made its link-local address.
+    A kernel without IPv6 refuses the whole request (EAFNOSUPPORT): then only
+    ``attrs`` are set, as there is nothing to turn off.
+    """
+    try:
+        ipr.link('set', index=index, IFLA_AF_SPEC=NO_IPV6_ADDRESSES, **attrs)
+    except NetlinkError as exc:
+        if exc.code != errno.EAFNOSUPPORT:
+            raise
+        if attrs:
+            ipr.link('set', index=index, **attrs)
 
 
 def check(pod, vif, plug):

@@ -130,6 +130,20 @@ def test_connect_puts_owned_host_end_into_bridge(host_ns, pod_ns, driver):
         [(name, 'sandbox-a', 'eth0')]
 
 
+@needs_ping
+def test_host_end_is_up_without_ipv6_address(host_ns, pod_ns, driver):
+    """A bridge port needs no address: a link-local one floods DAD, MLD and RS to every port."""
+    pod = pod_ns()
+    plug = pod.plug()
+    driver.connect(make_vif(), plug)     # dual-stack: the pod end keeps its link-local address
+    host_end = host_ns.link(owner_tag.host_ifname(plug.container_id, plug.ifname))
+    assert 'UP' in host_end['flags']
+    assert _ipv6_addresses(host_ns, host_end['ifname']) == []
+    assert [a['local'][:5] for a in _ipv6_addresses(pod, 'eth0') if a['scope'] == 'link'] \
+        == ['fe80:']
+    assert pod.pings(GATEWAY4) and pod.pings(GATEWAY6)
+
+
 def test_connect_without_default_route(host_ns, pod_ns, driver):
     pod = pod_ns()
     driver.connect(make_vif(), pod.plug(ifname='net1', default_route=False))

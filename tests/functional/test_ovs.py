@@ -94,6 +94,7 @@ def test_connect_adds_the_host_end_as_an_owned_ovs_port(node, pod_ns, switch, dr
     host_end = node.links()[name]
     assert host_end['ifalias'] == 'kuryr-cni:sandbox-a:eth0'
     assert 'master' not in host_end and 'UP' in host_end['flags'] and host_end['mtu'] == MTU
+    assert [a for a in node.link(name).get('addr_info', []) if a['family'] == 'inet6'] == []
     eth0 = pod.link('eth0')
     assert eth0['address'] == 'fa:16:3e:00:01:05' and eth0['mtu'] == MTU
     assert pod.addresses('eth0') == {'10.88.0.5/24', 'fd88::5/64'}
