@@ -3,8 +3,9 @@
 Order: start both systems → daemon PSS idle → VERSION start-up → serial ADD
 and DEL → throughput at each concurrency → bare interpreter starts, then the
 shim against a stub daemon, at the highest concurrency → ADD latency with no
-pods attached → attach ``memory_pods`` → daemon PSS → ADD latency with them
-attached → delete everything → check nothing is left → daemon PSS with ``workers`` and
+pods attached → system after system: attach ``memory_pods`` → (kuryr-cni)
+daemon PSS → ADD latency with them attached → delete them → check nothing is
+left → daemon PSS with ``workers`` and
 ``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
 Every system's hosts, namespaces, processes and files are removed on the way
 out, also on failure or SIGTERM.
@@ -103,18 +104,23 @@ def _measure(systems, kuryr, options, log):
     workload.serial(systems, 'DEL', sandboxes)
 
     many = range(options.pods, options.pods + options.memory_pods)
-    log('Attaching %d pods (concurrency %d)' % (options.memory_pods, max(options.concurrency)))
     attached = fresh(many)
-    out['attach_wall'] = workload.attach_many(systems, attached, 'ADD', max(options.concurrency))
-    out['pss_attached'] = memory.daemon_pss(kuryr.host)
-
-    log('ADD latency with %d pods attached' % options.memory_pods)
-    sandboxes = fresh(base)
-    out['add_attached'] = workload.serial(systems, 'ADD', sandboxes)
-    out['del_attached'] = workload.serial(systems, 'DEL', sandboxes)
-
-    log('Deleting the %d pods' % options.memory_pods)
-    out['detach_wall'] = workload.attach_many(systems, attached, 'DEL', max(options.concurrency))
+    for key in ('attach_wall', 'add_attached', 'del_attached', 'detach_wall'):
+        out[key] = {}
+    for system in systems:
+        # One system's pods at a time: the other's would load the machine too
+        # (the reference's pods and bridge ports keep IPv6 link-local
+        # addresses, whose multicast their bridge floods to every port).
+        log('%s: attaching %d pods (concurrency %d), then ADD latency with them attached'
+            % (system.label, options.memory_pods, top))
+        out['attach_wall'].update(workload.attach_many([system], attached, 'ADD', top))
+        if system is kuryr:
+            out['pss_attached'] = memory.daemon_pss(kuryr.host)
+        sandboxes = {system.name: system.sandboxes(base, next(generation))}
+        out['add_attached'].update(workload.serial([system], 'ADD', sandboxes))
+        out['del_attached'].update(workload.serial([system], 'DEL', sandboxes))
+        log('%s: deleting the %d pods' % (system.label, options.memory_pods))
+        out['detach_wall'].update(workload.attach_many([system], attached, 'DEL', top))
     return out
 
 
