@@ -165,13 +165,16 @@ class Registry:
         self.stale_dels = stale_dels
 
     @classmethod
-    def start(cls, title='kuryr-cni-daemon: registry'):
+    def start(cls, title='kuryr-cni-daemon: registry', address=None):
         """Start the Manager process; returns ``(manager, registry)``.
 
         Call it before cotyledon's ServiceManager exists and with the fork
         start method, so the Manager inherits default signal handlers.
+        ``address`` is the path of the Manager's unix socket; None lets
+        multiprocessing make one in a ``pymp-*`` directory under TMPDIR,
+        which a Manager ended by a signal leaves behind.
         """
-        manager = _RegistryManager(ctx=multiprocessing.get_context('fork'))
+        manager = _RegistryManager(address=address, ctx=multiprocessing.get_context('fork'))
         manager.start(_init_manager_process, (title, os.getpid()))
         return manager, cls(manager.PodTable(), manager.BindingTable(), manager.StatusTable(),
                             manager.StaleDelLog())

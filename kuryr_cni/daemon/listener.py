@@ -33,7 +33,7 @@ def ensure_private_dir(path):
 
 def open_unix(path):
     ensure_private_dir(os.path.dirname(path))
-    _refuse_live_daemon(path)
+    refuse_live_daemon(path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -61,7 +61,8 @@ def open_tcp(bind_address):
     return sock
 
 
-def _refuse_live_daemon(path):
+def refuse_live_daemon(path):
+    """Raise UnsafeSetup when a daemon answers on the unix socket ``path``."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1)
     try:

@@ -1,7 +1,8 @@
 """``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
 
-config and logging → safety checks → metrics directory → registry Manager
-(before cotyledon, with the fork start method) → state recovery → listening
+config and logging → safety checks (no live daemon on the socket) → metrics
+directory → registry Manager (before cotyledon, with the fork start method,
+its socket ``registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
 ops process → systemd notification. On SIGTERM cotyledon stops the children
 gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
@@ -37,6 +38,8 @@ from kuryr_cni.daemon import worker
 
 LOG = logging.getLogger(__name__)
 
+REGISTRY_SOCKET = 'registry.sock'   # the registry Manager's, beside the CNI socket
+
 
 # Libraries whose debug output would drown ours (pyroute2 logs every netlink message).
 QUIET_LIBRARIES = ['pyroute2=WARN', 'urllib3=WARN', 'kubernetes=WARN', 'asyncio=WARN',
@@ -58,11 +61,13 @@ def main(argv=None):
 def run(conf):
     opts = conf.cni_daemon
     run_dir = listener.ensure_private_dir(os.path.dirname(opts.socket))
+    # Before anything in the run dir is wiped or replaced: a live daemon owns it.
+    listener.refuse_live_daemon(opts.socket)
     state.ensure_dir(opts.state_dir)
     listener.ensure_private_dir(opts.state_dir)
     metrics.setup(os.path.join(run_dir, 'metrics'))
     _freeze_heap()
-    manager, registry = registry_mod.Registry.start()
+    manager, registry = registry_mod.Registry.start(address=_registry_socket(run_dir))
     watch = registry_watch.RegistryWatch(registry.status.server_pid())
     try:
         _recover(conf, registry)
@@ -83,6 +88,18 @@ def run(conf):
         watch.disarm()
         manager.shutdown()
     return 0
+
+
+def _registry_socket(run_dir):
+    """Path of the registry Manager's socket, freed of one a killed Manager left.
+
+    In the root-only run dir, not in the ``pymp-*`` directory multiprocessing
+    would make under TMPDIR, which outlives every Manager ended by a signal.
+    """
+    path = os.path.join(run_dir, REGISTRY_SOCKET)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return path
 
 
 def _freeze_heap():

@@ -3,9 +3,11 @@
 import os
 import signal
 import stat
+import subprocess
 
 import pytest
 
+from kuryr_cni.testbed import host as testhost
 from tests.functional import conftest
 from tests.functional import helpers
 
@@ -41,6 +43,37 @@ def test_signal_leaves_no_process_behind(daemon, sig, status):
     watched = {pid: os.pidfd_open(pid) for pid in pids}
     assert daemon.stop_daemon(sig) == status
     assert helpers.wait_gone(watched, timeout=15) == []
+
+
+@pytest.mark.parametrize('sig', [signal.SIGTERM, signal.SIGINT])
+def test_the_registry_socket_is_in_the_run_directory(node, tmp_path, sig):
+    """Not in a pymp-* directory under TMPDIR, which SIGINT's fast exit left behind."""
+    node.start_daemon(env={'TMPDIR': str(tmp_path)})
+    registry_sock = os.path.join(os.path.dirname(node.socket), 'registry.sock')
+    assert stat.S_ISSOCK(os.stat(registry_sock).st_mode)
+    watched = {pid: os.pidfd_open(pid) for pid in node.daemon_pids()}
+    node.stop_daemon(sig)
+    assert helpers.wait_gone(watched, timeout=15) == []
+    assert os.listdir(tmp_path) == []
+    if sig == signal.SIGTERM:
+        assert not os.path.exists(registry_sock)    # the Manager's own clean-up
+    node.start_daemon()     # replaces a socket the killed Manager left
+    assert helpers.scrape(node)
+
+
+def test_a_second_daemon_is_refused_before_it_touches_the_first(daemon):
+    metrics_before = helpers.scrape(daemon)
+    registry_sock = os.path.join(os.path.dirname(daemon.socket), 'registry.sock')
+    inode = os.stat(registry_sock).st_ino
+    second = subprocess.run(
+        ['ip', 'netns', 'exec', daemon.ns, *testhost.daemon_command(),
+         '--config-file', os.path.join(daemon.workdir, 'kuryr-cni.conf')],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert second.returncode == 2
+    assert 'another daemon is already serving' in daemon.log_tail()
+    assert os.stat(registry_sock).st_ino == inode
+    assert helpers.scrape(daemon).keys() == metrics_before.keys()
+    assert daemon.daemon.poll() is None
 
 
 def test_refuses_a_world_writable_run_directory(node):

@@ -215,16 +215,19 @@ def test_manager_process_is_named_after_its_role(started):
         assert b'kuryr-cni-daemon: registry (test)' in f.read()
 
 
-def _start_registry_and_wait(conn):
-    manager, reg, pid = start_registry()
+def _start_registry_and_wait(conn, address):
+    manager, reg, pid = start_registry(address=address)
     reg.put_pod('demo/a', {'uid': 'u'})
     conn.send(pid)
     signal.pause()
 
 
-def test_manager_dies_when_its_parent_is_sigkilled(children):
+def test_manager_dies_when_its_parent_is_sigkilled(children, tmp_path):
     parent_end, child_end = FORK.Pipe()
-    owner = FORK.Process(target=_start_registry_and_wait, args=(child_end,))
+    # A socket path of the test's: the pymp-* directory multiprocessing would
+    # make instead outlives a Manager that dies of a signal.
+    owner = FORK.Process(target=_start_registry_and_wait,
+                         args=(child_end, str(tmp_path / 'registry.sock')))
     owner.start()
     children.append(owner)
     manager_pid = None
