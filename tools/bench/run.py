@@ -5,8 +5,8 @@ and DEL → throughput at each concurrency → bare interpreter starts, then the
 shim against a stub daemon, at the highest concurrency → ADD latency with no
 pods attached → system after system: attach ``memory_pods`` → (kuryr-cni)
 daemon PSS → ADD latency with them attached → delete them → check nothing is
-left → daemon PSS with ``workers`` and
-``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
+left → daemon PSS with ``workers`` and ``workers + 2`` CNI workers after the
+same warm-up → remove both test hosts.
 Every system's hosts, namespaces, processes and files are removed on the way
 out, also on failure or SIGTERM.
 """
