@@ -4,9 +4,9 @@ Order: start both systems → daemon PSS idle → VERSION start-up → serial AD
 and DEL → throughput at each concurrency → bare interpreter starts, then the
 shim against a stub daemon, at the highest concurrency → ADD latency with no
 pods attached → system after system: attach ``memory_pods`` → (kuryr-cni)
-daemon PSS → ADD latency with them attached → delete them → check nothing is
-left → daemon PSS with ``workers`` and ``workers + 2`` CNI workers after the
-same warm-up → remove both test hosts.
+daemon PSS → ADD latency with them attached → delete them → ADD latency with
+none again → check nothing is left → daemon PSS with ``workers`` and
+``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
 Every system's hosts, namespaces, processes and files are removed on the way
 out, also on failure or SIGTERM.
 """
@@ -119,8 +119,14 @@ def _measure(systems, kuryr, options, log):
         sandboxes = {system.name: system.sandboxes(base, next(generation))}
         out['add_attached'].update(workload.serial([system], 'ADD', sandboxes))
         out['del_attached'].update(workload.serial([system], 'DEL', sandboxes))
-        log('%s: deleting the %d pods' % (system.label, options.memory_pods))
+        log('%s: deleting the %d pods, then ADD latency with none again'
+            % (system.label, options.memory_pods))
         out['detach_wall'].update(workload.attach_many([system], attached, 'DEL', top))
+        # Pooled with the samples taken before attaching: the two bracket the
+        # attached phase, so a machine drifting meanwhile moves both sides.
+        sandboxes = {system.name: system.sandboxes(base, next(generation))}
+        out['add_none'][system.name] += workload.serial([system], 'ADD', sandboxes)[system.name]
+        workload.serial([system], 'DEL', sandboxes)
     return out
 
 
