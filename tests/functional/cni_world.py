@@ -11,8 +11,8 @@ import json
 import os
 
 from kuryr_cni import ctl
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 from tests.functional import conftest
 from tests.functional import helpers

@@ -160,7 +160,7 @@ def pod_ns(netns_factory):
 
 
 # The daemon under test ---------------------------------------------------------
-# A test host (kuryr_cni.testbed.host) is a namespace of its own holding the
+# A test host (tools.testbed.host) is a namespace of its own holding the
 # bridge, the gateway, the Kubernetes API stand-in's socket and the daemon.
 
 
@@ -174,7 +174,7 @@ def vif_timeout():
 def node():
     if not CAN_RUN:
         pytest.skip(SKIP_REASON)
-    from kuryr_cni.testbed import host as testhost
+    from tools.testbed import host as testhost
     with testhost.Host(prefix=SESSION_PREFIX) as host:
         host.start_api()
         yield host
@@ -188,6 +188,6 @@ def daemon(node, vif_timeout):
 
 @pytest.fixture
 def runtime(node, tmp_path):
-    from kuryr_cni.testbed import runtime as testruntime
+    from tools.testbed import runtime as testruntime
     return testruntime.Runtime(node.socket, node.state_dir, str(tmp_path / 'cni-cache'),
                                shim=node.install_shim())

@@ -12,8 +12,8 @@ import signal
 import time
 
 from kuryr_cni import ctl
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 WORKER_TITLE = 'kuryr-cni-daemon: cni-worker'
 WATCHER_TITLE = 'kuryr-cni-daemon: watcher'

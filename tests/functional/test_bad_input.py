@@ -15,8 +15,8 @@ import os
 
 import pytest
 
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 from tests.functional import cni_world
 from tests.functional import conftest

@@ -1,6 +1,6 @@
 """The CNI contract, every spec version and command, through the real shim and daemon.
 
-A libcni-like runtime (:mod:`kuryr_cni.testbed.runtime`) drives the shim for
+A libcni-like runtime (:mod:`tools.testbed.runtime`) drives the shim for
 each of the spec versions 0.3.0, 0.3.1, 0.4.0, 1.0.0 and 1.1.0, in real
 network namespaces: results have exactly the shape of the requested version,
 CHECK follows what the kernel holds, DEL is forgiving where a retry could not
@@ -20,8 +20,8 @@ import pytest
 
 from kuryr_cni import netns
 from kuryr_cni.binding import owner_tag
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 from tests.functional import cni_world
 from tests.functional import conftest

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from kuryr_cni.testbed import host as testhost
+from tools.testbed import host as testhost
 from tests.functional import conftest
 from tests.functional import helpers
 

@@ -21,8 +21,8 @@ import pytest
 
 from kuryr_cni import netns
 from kuryr_cni.binding import owner_tag
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 from tests.functional import conftest
 from tests.functional import crash

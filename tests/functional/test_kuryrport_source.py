@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import ovs as testovs
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import ovs as testovs
+from tools.testbed import runtime as testruntime
 from tests.functional import conftest
 from tests.functional import helpers
 from tests.unit import osvif_fixtures as fx

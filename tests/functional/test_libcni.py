@@ -8,7 +8,7 @@ find our plugin by its type, export the CNI_* variables, inject prevResult
 and keep the result cache, as containerd and CRI-O do.
 
 A recording wrapper stands in front of the shim, so each case also proves
-that kuryr_cni.testbed.runtime sends byte-for-byte what libcni sends (stdin
+that tools.testbed.runtime sends byte-for-byte what libcni sends (stdin
 JSON and CNI_* variables, prevResult included) and caches what libcni
 caches.
 """
@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from kuryr_cni.testbed import host as testhost
+from tools.testbed import host as testhost
 
 from tests.functional import cni_world
 from tests.functional import conftest

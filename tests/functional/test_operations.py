@@ -21,8 +21,8 @@ from prometheus_client import parser
 
 from kuryr_cni import metrics as metrics_mod
 from kuryr_cni import version
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 from tests.functional import conftest
 from tests.functional import helpers

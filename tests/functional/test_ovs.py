@@ -1,7 +1,7 @@
 """The ovs binding driver against a real, private Open vSwitch.
 
 Each test runs its own ``ovsdb-server`` and ``ovs-vswitchd``
-(:class:`kuryr_cni.testbed.ovs.PrivateOVS`: private database, sockets,
+(:class:`tools.testbed.ovs.PrivateOVS`: private database, sockets,
 pidfiles and run directory; the system service is never involved), the switch
 inside the test's node namespace, with the userspace ``netdev`` datapath: the
 veth host end is a system port (``type ""``) read through AF_PACKET, and the
@@ -20,7 +20,7 @@ from kuryr_cni import errors
 from kuryr_cni import vif as vif_model
 from kuryr_cni.binding import ovs as ovs_driver
 from kuryr_cni.binding import owner_tag
-from kuryr_cni.testbed import ovs as testovs
+from tools.testbed import ovs as testovs
 from tests.functional.conftest import CAN_RUN
 from tests.functional.conftest import SKIP_REASON
 

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from kuryr_cni import registry as registry_mod
-from kuryr_cni.testbed import apiserver
+from tools.testbed import apiserver
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from kubernetes import watch
 import pytest
 import urllib3
 
-from kuryr_cni.testbed import apiserver
+from tools.testbed import apiserver
 
 pytestmark = pytest.mark.usefixtures('no_leftover_threads')
 

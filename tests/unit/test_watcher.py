@@ -13,7 +13,7 @@ import pytest
 from kuryr_cni import apiclient
 from kuryr_cni import vif as vifmod
 from kuryr_cni import watcher
-from kuryr_cni.testbed import apiserver
+from tools.testbed import apiserver
 
 pytestmark = pytest.mark.usefixtures('no_leftover_threads')
 

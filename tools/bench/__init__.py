@@ -1,7 +1,7 @@
 """The benchmark: kuryr-cni against the reference CNI plugins, side by side in one run.
 
 ``python -m tools.bench`` (or ``tox -e bench``) builds two throwaway test hosts
-(:mod:`kuryr_cni.testbed.host`), one running the kuryr-cni daemon behind the
+(:mod:`tools.testbed.host`), one running the kuryr-cni daemon behind the
 real shim, one for Debian's ``bridge`` + ``host-local`` plugins, drives both
 with the same runtime-like driver (:mod:`tools.bench.driver`), interleaving the
 two so that machine drift hits both alike, and writes a table, a JSON file and

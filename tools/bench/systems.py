@@ -3,7 +3,7 @@
 :class:`System` is what a runtime knows of a CNI: a plugin executable, a
 network config, the ``CNI_PATH`` it needs, and a result cache (the ADD result
 goes back to the plugin as ``prevResult`` with the DEL, as libcni does). Both
-systems run on a :class:`kuryr_cni.testbed.host.Host` (a network namespace with
+systems run on a :class:`tools.testbed.host.Host` (a network namespace with
 a bridge holding the gateway address, as a router would), with their own bridge
 name and subnet, and every plugin exec happens inside that host's namespace
 (:mod:`tools.bench.driver`).
@@ -25,7 +25,7 @@ import socket
 import subprocess
 import time
 
-from kuryr_cni.testbed import host as testhost
+from tools.testbed import host as testhost
 from tools.bench import driver as driver_mod
 
 CNI_VERSION = '1.0.0'     # the newest both speak (the reference plugins 1.1 stop there)

@@ -10,7 +10,7 @@ samples keyed by system name.
 
 import json
 
-from kuryr_cni.testbed import host as testhost
+from tools.testbed import host as testhost
 from tools.bench import stub
 from tools.bench.systems import BenchError, Sandbox
 

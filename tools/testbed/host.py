@@ -20,7 +20,7 @@ import time
 import uuid
 
 from kuryr_cni import netns
-from kuryr_cni.testbed import apiserver
+from tools.testbed import apiserver
 
 BRIDGE = 'kuryr-br0'
 SUBNET_PREFIX = '10.10.0'

@@ -37,7 +37,7 @@ import json
 import os
 import subprocess
 
-from kuryr_cni.testbed import host as testhost
+from tools.testbed import host as testhost
 
 CACHE_KIND = 'cniCacheV1'
 LIBCNI_VERSION = '1.1.0'        # what libcni's GetVersionInfo sends: its own newest version

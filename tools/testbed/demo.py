@@ -1,4 +1,4 @@
-"""``python -m kuryr_cni.demo``: the daemon on this machine, without a cluster.
+"""``python -m tools.testbed.demo``: the daemon on this machine, without a cluster.
 
 It builds a throwaway node (a network namespace with a bridge and a gateway), a
 Kubernetes API stand-in that speaks the real list/watch protocol, pods with VIF
@@ -14,8 +14,8 @@ import os
 import sys
 import time
 
-from kuryr_cni.testbed import host as testhost
-from kuryr_cni.testbed import runtime as testruntime
+from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 POD = 'web-0'
 
