@@ -61,7 +61,7 @@ class Ownership:
     def add(self, req, deadline):
         netns.check_netns(req.netns, host=self.host_netns)
         pod = req.pod
-        self.registry.status.put('add:' + req.container_id, time.time())
+        self.registry.status.add_started(req.container_id, time.time())
         try:
             wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
@@ -100,7 +100,7 @@ class Ownership:
                         % (req.container_id, binding['owner']))
                 return self._plug(binding, req, vifs)
         finally:
-            self.registry.status.drop('add:' + req.container_id)
+            self.registry.status.add_finished(req.container_id)
 
     def _wait(self, pod, deadline, what, ready):
         """Poll the registry until ``pod``'s record satisfies ``ready``.
@@ -401,9 +401,7 @@ class Ownership:
             return outcome
 
     def _adds_in_flight(self, max_age):
-        now = time.time()
-        return {key[4:] for key, started in self.registry.status.snapshot().items()
-                if key.startswith('add:') and now - started < max_age}
+        return self.registry.status.adds_since(time.time() - max_age)
 
     # Shared steps ----------------------------------------------------------
 

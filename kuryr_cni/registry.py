@@ -6,7 +6,8 @@ It holds four small tables:
 * ``bindings``: a mirror of the persisted pod bindings (the files under
   ``state_dir`` are authoritative; the mirror serves look-ups by container ID,
   metrics and the operator CLI);
-* ``status``: daemon health facts (watcher synced, worker pids, ...);
+* ``status``: daemon health facts (:class:`StatusTable`: processes and their
+  heartbeats, watcher sync, ADDs in flight, ...);
 * ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``.
 
 Each table is an object living in the Manager process whose methods run there
@@ -17,11 +18,14 @@ update is one atomic RPC and a client killed mid-call cannot leave a lock held
 
 import collections
 import ctypes
+import dataclasses
 import multiprocessing
 import multiprocessing.managers
 import os
 import signal
 import threading
+import time
+import typing
 
 import setproctitle
 
@@ -62,12 +66,131 @@ class PodTable(_Table):
     """Pods of this node as the watcher last saw them."""
 
 
-class StatusTable(_Table):
-    """Daemon health facts; also tells which process serves the registry."""
+class ProcessBeat(typing.NamedTuple):
+    pid: int | None
+    beat: float          # time.monotonic() of its last heartbeat
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusFacts:
+    """What :meth:`StatusTable.facts` returns."""
+
+    processes: dict      # (role, worker_id) -> ProcessBeat
+    heartbeat_timeout: float | None
+    synced: bool
+    shutting_down: bool
+    watch_activity: float | None    # time.monotonic() of the last list, event or bookmark
+
+    def of_role(self, role):
+        """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
+        return {wid: beat for (r, wid), beat in self.processes.items() if r == role}
+
+
+class StatusTable:
+    """The daemon's health facts, each written and read through a method that says what it is.
+
+    Processes (the watcher, CNI workers, ops) register their pid and beat; the
+    parent records the heartbeat timeout, the watcher its sync state and the
+    moment of its last watch activity; ADDs register while in flight (a GC
+    spares them); the parent asks for a mirror resync when a CNI worker died.
+    Times are ``time.monotonic()`` readings (one clock for every process of
+    the machine), except ADD start times, which are ``time.time()`` like the
+    ``added_at`` of attachments they are compared with.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._processes = {}        # (role, worker_id) -> ProcessBeat
+        self._heartbeat_timeout = None
+        self._synced = False
+        self._shutting_down = False
+        self._watch_activity = None
+        self._adds = {}             # container ID -> time.time() its ADD started
+        self._resync_requested = False
 
     def server_pid(self):
         """The pid of the Manager process (this method runs in it)."""
         return os.getpid()
+
+    # Processes and their heartbeats -------------------------------------------
+
+    def process_started(self, role, worker_id, pid, now):
+        """A new process of ``role``: it counts as serving until its first beat is due."""
+        with self._lock:
+            self._processes[(role, worker_id)] = ProcessBeat(pid, now)
+
+    def beat(self, role, worker_id, now):
+        with self._lock:
+            known = self._processes.get((role, worker_id))
+            pid = known.pid if known else None
+            self._processes[(role, worker_id)] = ProcessBeat(pid, now)
+
+    def pid_of(self, role, worker_id):
+        with self._lock:
+            known = self._processes.get((role, worker_id))
+            return known.pid if known else None
+
+    def set_heartbeat_timeout(self, seconds):
+        with self._lock:
+            self._heartbeat_timeout = seconds
+
+    # The watcher -----------------------------------------------------------------
+
+    def mark_synced(self, synced):
+        with self._lock:
+            self._synced = bool(synced)
+
+    def is_synced(self):
+        with self._lock:
+            return self._synced
+
+    def note_watch_activity(self, now=None):
+        """A list, a watch event or a bookmark arrived from the API server."""
+        with self._lock:
+            self._watch_activity = time.monotonic() if now is None else now
+
+    # Shutdown ----------------------------------------------------------------------
+
+    def mark_shutting_down(self):
+        with self._lock:
+            self._shutting_down = True
+
+    # ADDs in flight ----------------------------------------------------------------
+
+    def add_started(self, container_id, when):
+        with self._lock:
+            self._adds[container_id] = when
+
+    def add_finished(self, container_id):
+        with self._lock:
+            self._adds.pop(container_id, None)
+
+    def adds_since(self, cutoff):
+        """Container IDs whose ADD started after ``cutoff`` (a ``time.time()``) and runs."""
+        with self._lock:
+            return {cid for cid, started in self._adds.items() if started > cutoff}
+
+    # Mirror resync -------------------------------------------------------------------
+
+    def request_resync(self):
+        with self._lock:
+            self._resync_requested = True
+
+    def take_resync_request(self):
+        """Whether a resync was asked for since the last call (which clears it)."""
+        with self._lock:
+            requested, self._resync_requested = self._resync_requested, False
+            return requested
+
+    # Everything at once, for the health judgement ----------------------------------
+
+    def facts(self):
+        """A :class:`StatusFacts` snapshot, taken in one call."""
+        with self._lock:
+            return StatusFacts(processes=dict(self._processes),
+                               heartbeat_timeout=self._heartbeat_timeout,
+                               synced=self._synced, shutting_down=self._shutting_down,
+                               watch_activity=self._watch_activity)
 
 
 class BindingTable(_Table):
@@ -191,7 +314,7 @@ class Registry:
         self.pods.drop(key)
 
     def mark_synced(self, synced):
-        self.status.put('watcher_synced', bool(synced))
+        self.status.mark_synced(synced)
 
     def is_synced(self):
-        return bool(self.status.get('watcher_synced'))
+        return self.status.is_synced()

@@ -13,7 +13,7 @@ from oslo_log import log as logging
 from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni.cni import request as cni_request
-from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import health
 from kuryr_cni.daemon import server
 
 LOG = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class CNIApp:
         daemon (their data path is in the kernel), so "not available" is the
         whole truth.
         """
-        facts = ops.health(self.registry)
+        facts = health.judge(self.registry)
         if not facts['ready']:
             raise errors.PluginNotAvailable(
                 'kuryr-cni daemon not ready to add pods',
@@ -135,7 +135,7 @@ class InspectApp:
 
     def inspect(self, path):
         if path == '/v1/status':
-            facts = ops.health(self.registry)
+            facts = health.judge(self.registry)
             facts.update(version=self.version, pods=self.registry.pods.size(),
                          bindings=self.registry.bindings.size())
             return 200, facts

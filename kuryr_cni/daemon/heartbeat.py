@@ -3,9 +3,9 @@
 A process that is alive but stuck (stopped, deadlocked, blocked forever in a
 system call) keeps its pid, so pids alone cannot tell a stuck worker pool from
 a working one. Each CNI worker's accept loop and the watcher process write
-``beat:<role>:<worker id>`` (a ``time.monotonic()`` reading, which is one
-clock for every process of the machine) into the registry's status table at
-most once per interval; :func:`kuryr_cni.daemon.ops.health` treats a beat older
+a ``time.monotonic()`` reading (one clock for every process of the machine)
+into the registry's status table at most once per interval;
+:func:`kuryr_cni.daemon.health.judge` treats a beat older
 than ``[health] heartbeat_timeout`` as stuck. No I/O beyond one registry write
 per interval: cheap enough to call from every turn of a loop.
 """
@@ -15,10 +15,6 @@ import time
 
 # Beats per timeout: one late beat (a busy machine) must not look stuck.
 BEATS_PER_TIMEOUT = 3
-
-
-def key(role, worker_id):
-    return 'beat:%s:%s' % (role, worker_id)
 
 
 def interval(timeout):
@@ -31,14 +27,15 @@ class Heartbeat:
 
     def __init__(self, status, role, worker_id, timeout):
         self.status = status
-        self.key = key(role, worker_id)
+        self.role = role
+        self.worker_id = worker_id
         self.interval = interval(timeout)
         self._last = None
 
     def beat(self):
         now = time.monotonic()
         if self._last is None or now - self._last >= self.interval:
-            self.status.put(self.key, now)
+            self.status.beat(self.role, self.worker_id, now)
             self._last = now
 
     def run_in_thread(self, stop_event):
@@ -56,11 +53,3 @@ class Heartbeat:
         thread = threading.Thread(target=loop, name='heartbeat', daemon=True)
         thread.start()
         return thread
-
-
-def age(status, role, worker_id, now=None):
-    """Seconds since the last beat in a status snapshot, or None without one."""
-    last = status.get(key(role, worker_id))
-    if last is None:
-        return None
-    return (time.monotonic() if now is None else now) - last

@@ -8,7 +8,8 @@ socket opens. Two of its steps are needed again later:
   sent in the instant between the start-up replay and the socket opening);
 * resyncing the registry's binding mirror: a CNI worker killed between writing
   a binding file and updating its mirror leaves the mirror behind the file.
-  The parent flags every CNI worker death (:func:`request_resync`).
+  The parent asks for it after every CNI worker death
+  (:meth:`kuryr_cni.registry.StatusTable.request_resync`).
 
 Every ``interval`` seconds the thread does both, with the normal ownership
 rules and pod locks, so it is idempotent and safe next to live requests. Only
@@ -25,12 +26,6 @@ from kuryr_cni.daemon import recovery
 LOG = logging.getLogger(__name__)
 
 INTERVAL = 2.0                      # seconds between two rounds of chores
-RESYNC_FLAG = 'resync_bindings'     # registry status key set when a CNI worker died
-
-
-def request_resync(registry):
-    """Ask the housekeeper for a mirror resync (the parent, when a CNI worker died)."""
-    registry.status.put(RESYNC_FLAG, True)
 
 
 class Housekeeper:
@@ -69,9 +64,8 @@ class Housekeeper:
 
     def tick(self):
         """One round: resync the mirror if asked, then replay the DEL queue."""
-        status = self.ownership.registry.status
-        if status.get(RESYNC_FLAG):
-            status.drop(RESYNC_FLAG)    # before resyncing: a death meanwhile asks again
+        # Taken before resyncing: a death meanwhile asks again.
+        if self.ownership.registry.status.take_resync_request():
             recovery.resync_mirror(self.ownership)
         replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop)
         if replayed:

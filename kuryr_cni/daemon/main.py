@@ -8,7 +8,7 @@ ops process → systemd notification. On SIGTERM cotyledon stops the children
 gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
 exits at once and the Manager follows through its parent-death signal. If the
 Manager dies, the parent stops gracefully too and exits non-zero
-(:mod:`kuryr_cni.daemon.registry_watch`).
+(:mod:`kuryr_cni.daemon.manager_guard`).
 """
 
 import contextlib
@@ -26,12 +26,11 @@ from kuryr_cni import conf as config
 from kuryr_cni import metrics
 from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
-from kuryr_cni.daemon import heartbeat
-from kuryr_cni.daemon import housekeeping
+from kuryr_cni.daemon import health
 from kuryr_cni.daemon import listener
+from kuryr_cni.daemon import manager_guard
 from kuryr_cni.daemon import ops
 from kuryr_cni.daemon import recovery
-from kuryr_cni.daemon import registry_watch
 from kuryr_cni.daemon import sdnotify
 from kuryr_cni.daemon import watching
 from kuryr_cni.daemon import worker
@@ -68,7 +67,7 @@ def run(conf):
     metrics.setup(os.path.join(run_dir, 'metrics'))
     _freeze_heap()
     manager, registry = registry_mod.Registry.start(address=_registry_socket(run_dir))
-    watch = registry_watch.RegistryWatch(registry.status.server_pid())
+    guard = manager_guard.ManagerGuard(registry.status.server_pid())
     try:
         _recover(conf, registry)
         cni_socks = [listener.open_unix(opts.socket)]
@@ -77,15 +76,15 @@ def run(conf):
         health_sock = _open_tcp(conf.health.host, conf.health.port)
         metrics_sock = _open_tcp(conf.prometheus.host, conf.prometheus.port)
         try:
-            _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch)
+            _serve(conf, registry, cni_socks, health_sock, metrics_sock, guard)
         except SystemExit:
             # cotyledon ends every graceful shutdown with sys.exit(0); one the
             # Manager's death caused must tell the supervisor to restart us.
-            if watch.lost:
-                return registry_watch.EXIT_REGISTRY_LOST
+            if guard.lost:
+                return manager_guard.EXIT_REGISTRY_LOST
             raise
     finally:
-        watch.disarm()
+        guard.disarm()
         manager.shutdown()
     return 0
 
@@ -128,9 +127,9 @@ def _open_tcp(host, port):
     return sock
 
 
-def _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch):
+def _serve(conf, registry, cni_socks, health_sock, metrics_sock, guard):
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
-    registry.status.put('heartbeat_timeout', conf.health.heartbeat_timeout)
+    registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
     names = {
         sm.add(watching.WatcherService, workers=1, args=(conf, registry)): 'watcher',
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
@@ -141,13 +140,13 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch):
     # The parent alone speaks to systemd, and only READY=1 once really ready:
     # cotyledon would send its own READY=1 at start, and children must not
     # inherit the socket.
-    notifier = sdnotify.Notifier(lambda: ops.health(registry), env=dict(os.environ))
+    notifier = sdnotify.Notifier(lambda: health.judge(registry), env=dict(os.environ))
     os.environ.pop('NOTIFY_SOCKET', None)
 
     def on_new_worker(service_id, worker_id, service):
         # The first beat: a new process counts as serving until its loop is due to beat.
-        registry.status.put(heartbeat.key(names[service_id], worker_id), time.monotonic())
-        registry.status.put('pid:%s:%s' % (names[service_id], worker_id), os.getpid())
+        registry.status.process_started(names[service_id], worker_id, os.getpid(),
+                                        time.monotonic())
 
     def on_dead_worker(service_id, worker_id, exit_code):
         metrics.worker_restarted(names[service_id])
@@ -155,7 +154,7 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch):
                     names[service_id], worker_id, exit_code)
         # Without the registry there is nothing to tidy: the watch stops the daemon.
         with contextlib.suppress(ConnectionError, EOFError, OSError):
-            pid = registry.status.get('pid:%s:%s' % (names[service_id], worker_id))
+            pid = registry.status.pid_of(names[service_id], worker_id)
             if pid:
                 metrics.process_dead(pid)
             if names[service_id] == 'watcher':
@@ -163,11 +162,11 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch):
                 registry.mark_synced(False)
             elif names[service_id] == 'cni-worker':
                 # It may have died between a binding file and its mirror.
-                housekeeping.request_resync(registry)
+                registry.status.request_resync()
 
     def on_terminate():
         with contextlib.suppress(ConnectionError, EOFError, OSError):
-            registry.status.put('shutting_down', True)
+            registry.status.mark_shutting_down()
         notifier.stop()
 
     sm.register_hooks(on_new_worker=on_new_worker, on_dead_worker=on_dead_worker,
@@ -175,7 +174,7 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock, watch):
     for sock in cni_socks + [health_sock, metrics_sock]:
         sock.set_inheritable(True)
     notifier.start()
-    watch.start()
+    guard.start()
     LOG.info('kuryr-cni-daemon serving %s with %d workers',
              conf.cni_daemon.socket, conf.cni_daemon.worker_count)
     _freeze_heap()

@@ -1,19 +1,12 @@
 """The ops process: ``/metrics`` for Prometheus and ``/alive`` ``/ready`` for probes.
 
-Semantics (documented for operators in doc/source/operations.rst):
-
-* ``/alive`` is 200 while the registry Manager answers, at least one CNI
-  worker's accept loop and the watcher process beat within ``[health]
-  heartbeat_timeout`` (:mod:`kuryr_cni.daemon.heartbeat`); 503 otherwise
-  (restart the daemon). The parent's systemd watchdog pings follow it.
-* ``/ready`` is 200 when, in addition, the watcher has synced with the API
-  server and the daemon is not shutting down; 503 otherwise (do not schedule).
-
-Both answer a small JSON document with the facts they judged, the problems
-found and the probe's consecutive failures; the count is reset by the next
-success, and the first failure and the recovery are logged once each rather
-than at every probe. While shutting down, the ops process serves on until the
-CNI workers have drained.
+``/alive`` and ``/ready`` answer 200 or 503 as :mod:`kuryr_cni.daemon.health`
+judges (documented for operators in doc/source/operations.rst), with a small
+JSON document of the facts judged, the problems found and the probe's
+consecutive failures; the count is reset by the next success, and the first
+failure and the recovery are logged once each rather than at every probe.
+While shutting down, the ops process serves on until the CNI workers have
+drained.
 
 prometheus_client is imported inside functions: it must not be imported
 before :func:`kuryr_cni.metrics.setup` has chosen multiprocess mode.
@@ -22,78 +15,16 @@ before :func:`kuryr_cni.metrics.setup` has chosen multiprocess mode.
 import http.server
 import json
 import threading
-import time
 
 import cotyledon
 import setproctitle
 from oslo_log import log as logging
 
-from kuryr_cni.daemon import heartbeat
+from kuryr_cni.daemon import health
 
 LOG = logging.getLogger(__name__)
 
 TITLE = 'kuryr-cni-daemon: ops'
-DEFAULT_HEARTBEAT_TIMEOUT = 30      # [health] heartbeat_timeout, when the parent set none
-
-
-def health(registry):
-    """Judge the daemon's health from the registry: returns a dict of facts.
-
-    ``problems`` says in words what keeps ``alive`` or ``ready`` false.
-    """
-    try:
-        status = registry.status.snapshot()
-    except (ConnectionError, EOFError, OSError):
-        return {'alive': False, 'ready': False, 'registry': False,
-                'problems': ['registry unavailable']}
-    stopping = bool(status.get('shutting_down'))
-    # Draining workers have left their accept loops and beat no more.
-    limit = None if stopping else status.get('heartbeat_timeout', DEFAULT_HEARTBEAT_TIMEOUT)
-    now = time.monotonic()
-    workers = _serving(status, 'cni-worker', limit, now)
-    watchers = _serving(status, 'watcher', limit, now)
-    synced = bool(status.get('watcher_synced'))
-    problems = []
-    if not workers:
-        problems.append('no CNI worker serving')
-    if not watchers:
-        problems.append('watcher stuck or dead')
-    if not synced:
-        problems.append('watcher not synced with the API server')
-    if stopping:
-        problems.append('shutting down')
-    alive = bool(workers) and bool(watchers)
-    return {'alive': alive, 'ready': alive and synced and not stopping, 'registry': True,
-            'workers': len(workers), 'watcher_synced': synced, 'shutting_down': stopping,
-            'problems': problems}
-
-
-def _serving(status, role, limit, now):
-    """Ids of ``role``'s processes that live and beat within ``limit`` s (None: live)."""
-    prefix = 'pid:%s:' % role
-    serving = []
-    for key, pid in status.items():
-        if not key.startswith(prefix) or not _running(pid):
-            continue
-        worker_id = key[len(prefix):]
-        age = heartbeat.age(status, role, worker_id, now)
-        if limit is None or (age is not None and age <= limit):
-            serving.append(worker_id)
-    return serving
-
-
-def _running(pid):
-    """Whether ``pid`` runs: exists and is no zombie (exited, not yet reaped).
-
-    During shutdown cotyledon reaps its children one after the other, so an
-    exited worker may stay a zombie while its parent waits for another child.
-    """
-    try:
-        with open('/proc/%d/stat' % pid) as f:
-            state = f.read().rpartition(')')[2].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != 'Z'
 
 
 class _RegistryCollector:
@@ -104,7 +35,7 @@ class _RegistryCollector:
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
-        facts = health(self.registry)
+        facts = health.judge(self.registry)
         yield GaugeMetricFamily('kuryr_cni_ready', 'Whether the daemon is ready (1) or not (0).',
                                 value=int(facts['ready']))
         try:
@@ -145,7 +76,7 @@ class OpsHandler(http.server.BaseHTTPRequestHandler):
             return self._metrics()
         if self.path in ('/alive', '/ready') and self.server.kind == 'health':
             probe = self.path[1:]
-            facts = health(self.server.registry)
+            facts = health.judge(self.server.registry)
             facts['consecutive_failures'] = self.server.probes.record(probe, facts)
             return self._send(200 if facts[probe] else 503, json.dumps(facts).encode(),
                               'application/json')
@@ -210,24 +141,6 @@ class OpsService(cotyledon.Service):
         self.servers[1].serve_forever()
 
     def terminate(self):
-        wait_for_cni_workers_to_exit(self.registry, self.drain_timeout)
+        health.wait_for_cni_workers_to_exit(self.registry, self.drain_timeout)
         for srv in self.servers:
             srv.shutdown()
-
-
-def wait_for_cni_workers_to_exit(registry, timeout, poll=0.1):
-    """During shutdown: return once no CNI worker process runs, or after ``timeout`` s.
-
-    Polls the pids the workers registered: the only other way to learn of
-    their exit would be to be their parent.
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status = registry.status.snapshot()
-        except (ConnectionError, EOFError, OSError):
-            return
-        if not any(key.startswith('pid:cni-worker:') and _running(pid)
-                   for key, pid in status.items()):
-            return
-        time.sleep(poll)

@@ -2,7 +2,7 @@
 
 READY=1 once the daemon is ready, STATUS= lines as its state changes, and
 WATCHDOG=1 every half ``WatchdogSec`` while it is alive (``alive`` of
-:func:`kuryr_cni.daemon.ops.health`, heartbeats included): a stuck worker pool
+:func:`kuryr_cni.daemon.health.judge`, heartbeats included): a stuck worker pool
 or watcher stops the pings and systemd restarts the service; an unreachable
 API server does not (restarting cannot fix it). Without
 NOTIFY_SOCKET (not under systemd) every call is a no-op.
@@ -45,7 +45,7 @@ def watchdog_interval(env=os.environ):
 class Notifier:
     """Report the daemon's health to systemd from a thread of the parent.
 
-    ``judge()`` returns the facts of :func:`kuryr_cni.daemon.ops.health`; it is
+    ``judge()`` returns the facts of :func:`kuryr_cni.daemon.health.judge`; it is
     asked every ``period`` seconds (the watchdog's half-interval when set).
     """
 

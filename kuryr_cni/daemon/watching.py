@@ -11,7 +11,7 @@ from kuryr_cni import kuryrport
 from kuryr_cni import metrics
 from kuryr_cni import watcher
 from kuryr_cni.daemon import heartbeat
-from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import health
 
 TITLE = 'kuryr-cni-daemon: watcher'
 
@@ -64,7 +64,7 @@ class WatcherService(cotyledon.Service):
     def terminate(self):
         # ADDs in flight may still wait for their VIFs: feed them until the
         # CNI workers have drained (bounded like the workers' own drain).
-        ops.wait_for_cni_workers_to_exit(self.registry, self.conf.cni_daemon.request_timeout)
+        health.wait_for_cni_workers_to_exit(self.registry, self.conf.cni_daemon.request_timeout)
         self.stop_event.set()
         with contextlib.suppress(ConnectionError, EOFError, OSError):   # the Manager died
             self.registry.mark_synced(False)

@@ -93,10 +93,10 @@ def test_gc_without_the_key_collects_nothing(app, owner):
 
 def test_gc_spares_a_container_with_an_add_in_flight(app, owner, registry):
     attach(owner, 'a', 'cid-a', added_at=1)
-    registry.status.put('add:cid-a', time.time())
+    registry.status.add_started('cid-a', time.time())
     assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
     assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
-    registry.status.put('add:cid-a', time.time() - 31)   # its worker died long ago
+    registry.status.add_started('cid-a', time.time() - 31)   # its worker died long ago
     assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
     assert attachments(owner) == []
 
@@ -113,9 +113,9 @@ def test_collect_judges_again_under_the_lock(owner, registry):
     attach(owner, 'a', 'cid-a')                          # re-made after the GC began
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'spared'
     attach(owner, 'a', 'cid-a', added_at=since - 1)
-    registry.status.put('add:cid-a', time.time())        # an ADD started meanwhile
+    registry.status.add_started('cid-a', time.time())        # an ADD started meanwhile
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'spared'
-    registry.status.drop('add:cid-a')
+    registry.status.add_finished('cid-a')
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'success'
     assert attachments(owner) == []
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'noop'
@@ -140,11 +140,9 @@ def status(app):
 
 def serving(registry):
     """The status facts of a daemon whose worker and watcher run and beat, synced."""
-    now = time.monotonic()
     for role in ('cni-worker', 'watcher'):
-        registry.status.put('pid:%s:0' % role, os.getpid())
-        registry.status.put('beat:%s:0' % role, now)
-    registry.status.put('watcher_synced', True)
+        registry.status.process_started(role, 0, os.getpid(), time.monotonic())
+    registry.status.mark_synced(True)
 
 
 def refused(answer, words):
@@ -157,14 +155,14 @@ def refused(answer, words):
 def test_status_succeeds_only_when_an_add_could_be_served(app, registry):
     serving(registry)
     assert status(app) == (204, b'')
-    registry.status.put('watcher_synced', False)
+    registry.status.mark_synced(False)
     refused(status(app), 'not synced')
-    registry.status.put('watcher_synced', True)
-    registry.status.put('shutting_down', True)
+    registry.status.mark_synced(True)
+    registry.status.mark_shutting_down()
     refused(status(app), 'shutting down')
 
 
 def test_status_without_a_worker_is_50(app, registry):
     serving(registry)
-    registry.status.drop('pid:cni-worker:0')
+    registry.status.process_started('cni-worker', 0, None, time.monotonic())
     refused(status(app), 'worker')

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from kuryr_cni import registry as registry_mod
+from kuryr_cni.daemon import health
 from kuryr_cni.daemon import heartbeat
 from kuryr_cni.daemon import ops
 from kuryr_cni.daemon import sdnotify
@@ -20,12 +21,11 @@ from kuryr_cni.daemon import server
 
 
 def _register(reg, role, worker_id=0, pid=None, age=0.0):
-    reg.status.put('pid:%s:%s' % (role, worker_id), pid or os.getpid())
-    reg.status.put(heartbeat.key(role, worker_id), time.monotonic() - age)
+    reg.status.process_started(role, worker_id, pid or os.getpid(), time.monotonic() - age)
 
 
 def _healthy(reg):
-    reg.status.put('heartbeat_timeout', 5)
+    reg.status.set_heartbeat_timeout(5)
     _register(reg, 'cni-worker', 0)
     _register(reg, 'cni-worker', 1)
     _register(reg, 'watcher')
@@ -33,7 +33,7 @@ def _healthy(reg):
 
 
 def test_nothing_registered_is_neither_alive_nor_ready(registry):
-    facts = ops.health(registry)
+    facts = health.judge(registry)
     assert (facts['alive'], facts['ready'], facts['workers']) == (False, False, 0)
     assert facts['problems'] == ['no CNI worker serving', 'watcher stuck or dead',
                                  'watcher not synced with the API server']
@@ -41,7 +41,7 @@ def test_nothing_registered_is_neither_alive_nor_ready(registry):
 
 def test_healthy(registry):
     _healthy(registry)
-    facts = ops.health(registry)
+    facts = health.judge(registry)
     assert (facts['alive'], facts['ready'], facts['workers']) == (True, True, 2)
     assert facts['problems'] == []
 
@@ -49,7 +49,7 @@ def test_healthy(registry):
 def test_not_synced_is_alive_but_not_ready(registry):
     _healthy(registry)
     registry.mark_synced(False)
-    facts = ops.health(registry)
+    facts = health.judge(registry)
     assert (facts['alive'], facts['ready']) == (True, False)
     assert facts['problems'] == ['watcher not synced with the API server']
 
@@ -57,9 +57,9 @@ def test_not_synced_is_alive_but_not_ready(registry):
 def test_a_worker_without_a_recent_beat_is_stuck(registry):
     _healthy(registry)
     _register(registry, 'cni-worker', 1, age=6)
-    assert ops.health(registry)['workers'] == 1
+    assert health.judge(registry)['workers'] == 1
     _register(registry, 'cni-worker', 0, age=6)
-    facts = ops.health(registry)
+    facts = health.judge(registry)
     assert (facts['alive'], facts['ready'], facts['workers']) == (False, False, 0)
     assert facts['problems'] == ['no CNI worker serving']
 
@@ -67,7 +67,7 @@ def test_a_worker_without_a_recent_beat_is_stuck(registry):
 def test_a_stuck_watcher_fails_liveness(registry):
     _healthy(registry)
     _register(registry, 'watcher', age=6)
-    facts = ops.health(registry)
+    facts = health.judge(registry)
     assert (facts['alive'], facts['problems']) == (False, ['watcher stuck or dead'])
 
 
@@ -82,10 +82,10 @@ def test_dead_and_zombie_workers_do_not_serve(registry):
         while time.monotonic() < deadline and _state(pid) != 'Z':
             time.sleep(0.01)
         _register(registry, 'cni-worker', 0, pid=pid)
-        assert ops.health(registry)['workers'] == 1
+        assert health.judge(registry)['workers'] == 1
     finally:
         os.waitpid(pid, 0)
-    assert ops.health(registry)['workers'] == 1      # reaped: gone altogether
+    assert health.judge(registry)['workers'] == 1      # reaped: gone altogether
 
 
 def _state(pid):
@@ -95,10 +95,10 @@ def _state(pid):
 
 def test_shutting_down_is_not_ready_and_draining_workers_need_no_beat(registry):
     _healthy(registry)
-    registry.status.put('shutting_down', True)
+    registry.status.mark_shutting_down()
     _register(registry, 'cni-worker', 0, age=60)
     _register(registry, 'cni-worker', 1, age=60)
-    facts = ops.health(registry)
+    facts = health.judge(registry)
     assert (facts['alive'], facts['ready'], facts['workers']) == (True, False, 2)
     assert facts['problems'] == ['shutting down']
 
@@ -106,20 +106,21 @@ def test_shutting_down_is_not_ready_and_draining_workers_need_no_beat(registry):
 def test_a_dead_registry_manager_fails_everything():
     manager, reg = registry_mod.Registry.start()
     _healthy(reg)
-    assert ops.health(reg)['ready']
+    assert health.judge(reg)['ready']
     manager.shutdown()
-    assert ops.health(reg) == {'alive': False, 'ready': False, 'registry': False,
-                               'problems': ['registry unavailable']}
+    assert health.judge(reg) == {'alive': False, 'ready': False, 'registry': False,
+                                 'problems': ['registry unavailable']}
 
 
 def test_heartbeat_writes_at_most_once_per_interval(registry):
     beat = heartbeat.Heartbeat(registry.status, 'cni-worker', 3, timeout=3)
     assert beat.interval == 1
+    before = time.monotonic()
     beat.beat()
-    first = registry.status.get(heartbeat.key('cni-worker', 3))
+    first = registry.status.facts().of_role('cni-worker')[3]
     beat.beat()
-    assert registry.status.get(heartbeat.key('cni-worker', 3)) == first
-    assert heartbeat.age(registry.status.snapshot(), 'cni-worker', 3) < 1
+    assert registry.status.facts().of_role('cni-worker')[3] == first
+    assert first.beat >= before
 
 
 def test_probe_failures_count_up_and_reset_on_success(caplog):

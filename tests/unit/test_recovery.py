@@ -135,7 +135,7 @@ def test_housekeeper_resyncs_only_when_asked(ownership, registry, tmp_path):
     ownership.store.save('ns/web', binding('ns/web', 'c1'))
     keeper.tick()
     assert registry.bindings.get('ns/web') is None        # nobody died: nothing to fix
-    housekeeping.request_resync(registry)
+    registry.status.request_resync()
     keeper.tick()
     assert registry.bindings.get('ns/web') == binding('ns/web', 'c1')
-    assert registry.status.get(housekeeping.RESYNC_FLAG) is None
+    assert registry.status.take_resync_request() is False

@@ -125,7 +125,7 @@ def _child_writes(reg):
     reg.put_pod('demo/web-0', {'uid': 'u-child', 'vifs': {'eth0': {'mtu': 1450}}})
     reg.mark_synced(True)
     reg.bindings.put('demo/web-0', {'pod': 'demo/web-0', 'sandboxes': {'c-child': {}}})
-    reg.status.put('worker:%d' % os.getpid(), 'up')
+    reg.status.process_started('cni-worker', 7, os.getpid(), 1.0)
 
 
 def test_values_set_in_a_child_are_seen_by_the_parent(reg, children):
@@ -133,7 +133,7 @@ def test_values_set_in_a_child_are_seen_by_the_parent(reg, children):
     assert reg.pods.get('demo/web-0') == {'uid': 'u-child', 'vifs': {'eth0': {'mtu': 1450}}}
     assert reg.is_synced() is True
     assert reg.bindings.find_container('c-child') == 'demo/web-0'
-    assert reg.status.get('worker:%d' % proc.pid) == 'up'
+    assert reg.status.pid_of('cni-worker', 7) == proc.pid
 
 
 def _child_puts_many(reg, prefix, count):

@@ -23,7 +23,7 @@ LOG = logging.getLogger(__name__)
 EXIT_REGISTRY_LOST = 3
 
 
-class RegistryWatch:
+class ManagerGuard:
     """Stops the daemon when the process ``pid`` (the Manager) ends, unless disarmed."""
 
     def __init__(self, pid):
@@ -33,7 +33,7 @@ class RegistryWatch:
         self._fd = os.pidfd_open(pid)
 
     def start(self):
-        threading.Thread(target=self._wait, name='registry-watch', daemon=True).start()
+        threading.Thread(target=self._wait, name='manager-guard', daemon=True).start()
         return self
 
     def disarm(self):

@@ -1,0 +1,87 @@
+"""The health judgement: is the daemon alive, is it ready? From the registry alone.
+
+Read by ``/alive`` and ``/ready`` (:mod:`kuryr_cni.daemon.ops`), by STATUS
+(:mod:`kuryr_cni.daemon.api`), by the systemd notifier
+(:mod:`kuryr_cni.daemon.sdnotify`) and by ``kuryr-cni-ctl status``; each
+shutting-down process waits here for the CNI workers to drain. No I/O but one
+registry call and ``/proc`` reads.
+
+* alive: the registry Manager answers, and at least one CNI worker's accept
+  loop and the watcher process beat within ``[health] heartbeat_timeout``
+  (:mod:`kuryr_cni.daemon.heartbeat`);
+* ready: alive, the watcher has synced with the API server, and the daemon is
+  not shutting down.
+"""
+
+import time
+
+DEFAULT_HEARTBEAT_TIMEOUT = 30      # [health] heartbeat_timeout, when the parent set none
+
+
+def judge(registry):
+    """Judge the daemon's health: returns a dict of facts.
+
+    ``problems`` says in words what keeps ``alive`` or ``ready`` false.
+    """
+    try:
+        facts = registry.status.facts()
+    except (ConnectionError, EOFError, OSError):
+        return {'alive': False, 'ready': False, 'registry': False,
+                'problems': ['registry unavailable']}
+    stopping = facts.shutting_down
+    # Draining workers have left their accept loops and beat no more.
+    limit = None if stopping else (facts.heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT)
+    now = time.monotonic()
+    workers = _serving(facts.of_role('cni-worker'), limit, now)
+    watchers = _serving(facts.of_role('watcher'), limit, now)
+    problems = []
+    if not workers:
+        problems.append('no CNI worker serving')
+    if not watchers:
+        problems.append('watcher stuck or dead')
+    if not facts.synced:
+        problems.append('watcher not synced with the API server')
+    if stopping:
+        problems.append('shutting down')
+    alive = bool(workers) and bool(watchers)
+    return {'alive': alive, 'ready': alive and facts.synced and not stopping, 'registry': True,
+            'workers': len(workers), 'watcher_synced': facts.synced,
+            'shutting_down': stopping, 'problems': problems}
+
+
+def _serving(processes, limit, now):
+    """Ids of the processes that live and beat within ``limit`` s (None: live suffices)."""
+    return [worker_id for worker_id, proc in processes.items()
+            if proc.pid is not None and running(proc.pid)
+            and (limit is None or now - proc.beat <= limit)]
+
+
+def running(pid):
+    """Whether ``pid`` runs: exists and is no zombie (exited, not yet reaped).
+
+    During shutdown cotyledon reaps its children one after the other, so an
+    exited worker may stay a zombie while its parent waits for another child.
+    """
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            state = f.read().rpartition(')')[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != 'Z'
+
+
+def wait_for_cni_workers_to_exit(registry, timeout, poll=0.1):
+    """During shutdown: return once no CNI worker process runs, or after ``timeout`` s.
+
+    Polls the pids the workers registered: the only other way to learn of
+    their exit would be to be their parent.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            workers = registry.status.facts().of_role('cni-worker')
+        except (ConnectionError, EOFError, OSError):
+            return
+        if not any(proc.pid is not None and running(proc.pid) for proc in workers.values()):
+            return
+        time.sleep(poll)
