@@ -69,6 +69,9 @@ SPECS = (
          known=(SERVICES,)),
     Spec('del_replayed', 'counter', 'kuryr_cni_queued_del_replayed_total',
          'DELs queued by the shim and replayed at start.'),
+    Spec('set_aside', 'counter', 'kuryr_cni_state_files_set_aside_total',
+         'State files that were not valid records, moved aside, by kind.', ('kind',),
+         known=(('binding', 'del_queue'),)),
 )
 
 
@@ -135,6 +138,11 @@ def worker_restarted(service):
 def del_replayed():
     if _m:
         _m.del_replayed.inc()
+
+
+def state_file_set_aside(kind):
+    if _m:
+        _m.set_aside.labels(kind).inc()
 
 
 def process_dead(pid):

@@ -194,7 +194,8 @@ class StatusTable:
 
 
 class BindingTable(_Table):
-    """Mirror of the persisted bindings, with an index by container ID."""
+    """Mirror of the persisted bindings (:class:`kuryr_cni.records.Binding`), indexed by
+    container ID."""
 
     def __init__(self):
         super().__init__()
@@ -218,7 +219,7 @@ class BindingTable(_Table):
     def _put(self, key, value):
         self._unindex(key)
         self._rows[key] = value
-        for container_id in value.get('sandboxes', {}):
+        for container_id in value.sandboxes:
             self._by_container[container_id] = key
 
     def find_container(self, container_id):
@@ -227,13 +228,11 @@ class BindingTable(_Table):
 
     def count_attachments(self):
         with self._lock:
-            return sum(len(sandbox.get('attachments', {}))
-                       for binding in self._rows.values()
-                       for sandbox in binding.get('sandboxes', {}).values())
+            return sum(binding.attachment_count() for binding in self._rows.values())
 
     def _unindex(self, key):
         old = self._rows.get(key)
-        for container_id in (old or {}).get('sandboxes', {}):
+        for container_id in (old.sandboxes if old else ()):
             if self._by_container.get(container_id) == key:
                 del self._by_container[container_id]
 

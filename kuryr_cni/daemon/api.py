@@ -140,13 +140,13 @@ class InspectApp:
                          bindings=self.registry.bindings.size())
             return 200, facts
         if path == '/v1/pods':
-            return 200, sorted(self.registry.bindings.snapshot().values(),
-                               key=lambda b: b['pod'])
+            bindings = sorted(self.registry.bindings.snapshot().values(), key=lambda b: b.pod)
+            return 200, [binding.to_dict() for binding in bindings]
         if path.startswith('/v1/pods/'):
             binding = self.registry.bindings.get(path[len('/v1/pods/'):])
             if binding is None:
                 return 404, {'error': 'no binding for pod %s' % path[len('/v1/pods/'):]}
-            return 200, binding
+            return 200, binding.to_dict()
         if path == '/v1/stale-dels':
             return 200, self.registry.stale_dels.recent()
         return 404, {'error': 'unknown path %s' % path}

@@ -115,7 +115,8 @@ def _freeze_heap():
 
 def _recover(conf, registry):
     ownership = worker.build_ownership(conf, registry)
-    recovery.restore(ownership, ownership.store, state.DelQueue(conf.cni_daemon.state_dir))
+    recovery.restore(ownership, state.DelQueue(conf.cni_daemon.state_dir),
+                     ownership.locks.directory)
 
 
 def _open_tcp(host, port):

@@ -9,6 +9,7 @@ from oslo_log import log as logging
 from kuryr_cni import apiclient
 from kuryr_cni import binding
 from kuryr_cni import events
+from kuryr_cni import kernel
 from kuryr_cni import ownership
 from kuryr_cni import podlock
 from kuryr_cni import state
@@ -29,8 +30,8 @@ def build_ownership(conf, registry, events=None):
         registry=registry,
         store=state.BindingStore(state_dir),
         locks=podlock.PodLocks(state.ensure_dir(state_dir + '/locks')),
+        kernel=kernel.Kernel(binding_options=binding.Options.from_conf(conf)),
         vif_timeout=conf.cni_daemon.vif_timeout,
-        binding_options=binding.Options.from_conf(conf),
         events=events)
 
 

@@ -95,7 +95,7 @@ def test_del_while_the_daemon_is_down_is_queued_and_replayed_at_start(daemon, ru
     assert owner_tag.host_ifname(a.container_id, 'eth0') in node.links()   # nobody acted yet
 
     node.start_daemon()                         # replays before its socket opens
-    assert crash.queue_entries(node) == ['1-1.json.corrupt']
+    assert [n.partition('.corrupt-')[0] for n in crash.queue_entries(node)] == ['1-1.json']
     assert helpers.leftovers(node) == helpers.NOTHING
     assert set(node.links(a.netns)) == {'lo'}
     assert crash.registry_pods(node) == {}
@@ -121,27 +121,6 @@ def test_del_queued_while_the_daemon_runs_is_replayed(daemon, runtime, tmp_path)
     assert helpers.metric(node, 'kuryr_cni_requests_total', command='DEL', result='noop') == 1
 
 
-def test_start_removes_tagged_devices_that_no_binding_knows(daemon, runtime):
-    node = daemon
-    live = crash.make_pod(node, 8)
-    assert runtime.add(live).ok
-    assert node.stop_daemon() == 0
-    # A veth pair tagged for a sandbox no binding records (its binding was lost).
-    ghost_netns = node.pod_netns()
-    ghost = owner_tag.host_ifname('ghost', 'eth0')
-    testhost.ip('-n', node.ns, 'link', 'add', ghost, 'type', 'veth', 'peer', 'name', 'eth0',
-                'netns', os.path.basename(ghost_netns))
-    testhost.ip('-n', node.ns, 'link', 'set', ghost, 'alias', owner_tag.alias('ghost', 'eth0'))
-    node.start_daemon()
-    assert ghost not in node.links()
-    assert set(node.links(ghost_netns)) == {'lo'}
-    assert_connected(node, live, 8)
-
-
-# Worker death -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize('vif_timeout', [30])
 def test_worker_killed_while_its_add_waits_is_replaced_and_the_retry_succeeds(daemon, runtime):
     node = daemon
     a = crash.make_pod(node, 9, active=False)
