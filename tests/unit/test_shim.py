@@ -279,6 +279,24 @@ def test_shim_and_daemon_agree_on_versions_and_routes():
     assert sorted(routes) == sorted(cni.COMMANDS)
 
 
+def test_a_missing_or_stale_shim_is_built(shim_binary, tmp_path, monkeypatch):
+    path = tmp_path / 'kuryr-cni'
+    monkeypatch.setattr(testshim, 'PATH', str(path))
+    assert testshim.built() == str(path)                # missing: built
+    assert path.read_bytes() == pathlib.Path(shim_binary).read_bytes()
+    path.write_bytes(b'stale')
+    os.utime(path, (0, 0))                              # older than every source
+    testshim.built()
+    assert path.read_bytes() == pathlib.Path(shim_binary).read_bytes()
+
+
+def test_without_go_a_missing_shim_fails_saying_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(testshim, 'PATH', str(tmp_path / 'kuryr-cni'))
+    monkeypatch.setattr(testshim.shutil, 'which', lambda name: None)
+    with pytest.raises(testshim.ShimUnavailable, match='no Go toolchain.*golang-go'):
+        testshim.built()
+
+
 @pytest.mark.parametrize('version', VERSIONS)
 def test_version_answers_requested_version_without_daemon(run, tmp_path, version):
     proc = run({'CNI_COMMAND': 'VERSION'}, config(tmp_path, version))

@@ -44,7 +44,7 @@ def _build():
         raise ShimUnavailable('%s is not built and there is no Go toolchain to build it: '
                               'install golang-go (tools/bootstrap does), then run '
                               'tools/build-shim' % PATH)
-    proc = subprocess.run([BUILD], capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+    proc = subprocess.run([BUILD, PATH], capture_output=True, text=True, timeout=BUILD_TIMEOUT)
     if proc.returncode:
         raise ShimUnavailable('tools/build-shim failed:\n%s%s' % (proc.stdout, proc.stderr))
 
