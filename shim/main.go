@@ -129,16 +129,9 @@ func dispatch(getenv func(string) string, stdin io.Reader, stdout io.Writer) (st
 	var refusal *daemonRefusal
 	switch {
 	case err == nil:
-		if len(out) == 0 {
-			return 0
-		}
-		if _, err := stdout.Write(out); err != nil {
-			return 1
-		}
-		return 0
+		return emit(stdout, out, 0)
 	case errors.As(err, &refusal):
-		_, _ = stdout.Write(refusal.answer)
-		return 1
+		return emit(stdout, refusal.answer, 1)
 	default:
 		var cniErr *cniError
 		if !errors.As(err, &cniErr) {
@@ -339,29 +332,22 @@ func buildBody(command string, getenv func(string) string, config []byte) ([]byt
 	return body.Bytes(), nil
 }
 
-// queueIfUnanswered queues a DEL the daemon did not answer.
-// DEL is idempotent, so a DEL the daemon may already have run is safe to
-// replay; the runtime is told it succeeded. Only the daemon's own refusal,
-// or a queue that cannot be written, is a failure.
-func queueIfUnanswered(forwardErr error, body []byte, stateDir string) error {
-	var refusal *daemonRefusal
-	if forwardErr == nil || errors.As(forwardErr, &refusal) {
-		return forwardErr
-	}
-	if err := queueDel(stateDir, body); err != nil {
-		return &cniError{codeTryAgainLater,
-			"kuryr-cni daemon unreachable and the DEL could not be queued",
-			fmt.Sprintf("daemon: %v; queue: %v", forwardErr, err)}
-	}
-	return nil
-}
-
 // writeError prints err as CNI error JSON; returns the exit status.
 func writeError(stdout io.Writer, cniVersion string, err *cniError) int {
 	out, _ := json.Marshal(struct {
 		CNIVersion string `json:"cniVersion"`
 		*cniError
 	}{cniVersion, err})
-	_, _ = stdout.Write(append(out, '\n'))
-	return 1
+	return emit(stdout, append(out, '\n'), 1)
+}
+
+// emit prints out, if any, and returns status: 1 when stdout fails, since
+// an answer the runtime did not get is no success.
+func emit(stdout io.Writer, out []byte, status int) int {
+	if len(out) > 0 {
+		if _, err := stdout.Write(out); err != nil {
+			return 1
+		}
+	}
+	return status
 }

@@ -12,6 +12,23 @@ import (
 // queueDir holds the DELs the daemon replays (kuryr_cni.state.DelQueue).
 const queueDir = "del-queue"
 
+// queueIfUnanswered queues a DEL the daemon did not answer: DEL is
+// idempotent, so one the daemon may already have run is safe to replay, and
+// the runtime is told it succeeded. Only the daemon's own refusal, or a
+// queue that cannot be written, is a failure.
+func queueIfUnanswered(forwardErr error, body []byte, stateDir string) error {
+	var refusal *daemonRefusal
+	if forwardErr == nil || errors.As(forwardErr, &refusal) {
+		return forwardErr
+	}
+	if err := queueDel(stateDir, body); err != nil {
+		return &cniError{codeTryAgainLater,
+			"the kuryr-cni daemon did not answer and the DEL could not be queued",
+			fmt.Sprintf("daemon: %v; queue: %v", forwardErr, err)}
+	}
+	return nil
+}
+
 // queueDel writes body to <stateDir>/del-queue/<time_ns>-<pid>.json, whole
 // or not at all, and durably. The temporary name starts with '.' and ends
 // with '.tmp': the daemon reads only *.json names, and removes what a shim
