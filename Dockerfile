@@ -15,7 +15,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY shim /src/shim
 COPY kuryr_cni/version.py /src/kuryr_cni/version.py
-COPY tools/build-shim /src/tools/build-shim
+COPY tools/build-shim tools/go-env /src/tools/
 RUN /src/tools/build-shim /kuryr-cni
 
 

@@ -260,12 +260,15 @@ def test_image_builds_the_shim_with_debians_go_and_the_build_script():
 def test_image_shim_stage_copies_what_the_build_needs(tmp_path, shim_binary):
     """Run the stage's build on exactly what it copies (under tmp_path, as /src)."""
     stage = _stage('shim')
-    for src, dst in ((args.split()[0], args.split()[1]) for word, args in stage
-                     if word == 'COPY'):
+    for args in (args for word, args in stage if word == 'COPY'):
+        *sources, dst = args.split()
         assert dst.startswith('/src/'), dst
-        copy = shutil.copytree if (REPO / src).is_dir() else shutil.copy2
-        (tmp_path / dst[1:]).parent.mkdir(parents=True, exist_ok=True)
-        copy(REPO / src, tmp_path / dst[1:])
+        for src in sources:
+            target = tmp_path / (dst[1:] + os.path.basename(src) if dst.endswith('/')
+                                 else dst[1:])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy = shutil.copytree if (REPO / src).is_dir() else shutil.copy2
+            copy(REPO / src, target)
     build = [args for word, args in stage if word == 'RUN'][-1].split()
     out = tmp_path / 'kuryr-cni'
     env = dict(os.environ, GOCACHE=str(REPO / '.cache' / 'go-build'))   # warm: fast
