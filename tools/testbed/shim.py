@@ -23,9 +23,11 @@ class ShimUnavailable(Exception):
 
 
 def sources():
-    """What the executable is built from (the version is stamped in)."""
+    """What the executable is built from, and how (the version is stamped in)."""
     return sorted(glob.glob(os.path.join(REPO, 'shim', '*.go'))) + [
-        os.path.join(REPO, 'shim', 'go.mod'), os.path.join(REPO, 'kuryr_cni', 'version.py')]
+        os.path.join(REPO, *parts) for parts in (
+            ('shim', 'go.mod'), ('kuryr_cni', 'version.py'), ('tools', 'build-shim'),
+            ('tools', 'go-env'))]
 
 
 def built():
