@@ -161,7 +161,7 @@ class BoundedServer:
         self._stopping = False
         self._stopped = threading.Event()
         self._listening = False
-        self._accept_paused_until = 0.0     # after running out of file descriptors
+        self._accept_paused_until = 0.0     # set when out of file descriptors
         self._reported_open = None
         self.saturated = False
 
@@ -182,20 +182,19 @@ class BoundedServer:
                          for i in range(self.limits.threads)]
         for thread in self._threads:
             thread.start()
-        try:
-            with selectors.DefaultSelector() as selector:
-                self._selector = selector
-                selector.register(self._wake_r, selectors.EVENT_READ)
+        with selectors.DefaultSelector() as self._selector:
+            self._selector.register(self._wake_r, selectors.EVENT_READ)
+            try:
                 while not (self._stopping and self._idle()):
                     self._turn(tick_interval)
                     if tick is not None:
                         tick()
-        finally:
-            for _ in self._threads:
-                self._requests.put(None)
-            for conn in list(self._reading) + list(self._writing):
-                self._close(conn)
-            self._stopped.set()
+            finally:
+                for conn in list(self._reading) + list(self._writing):
+                    self._close(conn)
+                for _ in self._threads:
+                    self._requests.put(None)
+                self._stopped.set()
 
     def _turn(self, tick_interval):
         self._listen(self._may_accept())
@@ -213,9 +212,11 @@ class BoundedServer:
         self._report()
 
     def _may_accept(self):
-        return (not self._stopping and self._busy < self.limits.threads
-                and (self._open() < self.limits.connections or bool(self._reading))
-                and time.monotonic() >= self._accept_paused_until)
+        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+        return (not self._stopping and not self._accept_paused_until
+                and self._busy < self.limits.threads
+                and (self._open() < self.limits.connections or bool(self._reading)))
 
     def _listen(self, wanted):
         if wanted != self._listening:

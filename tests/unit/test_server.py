@@ -306,5 +306,22 @@ def test_out_of_file_descriptors_the_oldest_incomplete_connection_makes_room(ser
     second.close()
 
 
+def test_out_of_file_descriptors_with_nothing_to_drop_new_clients_wait(serve, caplog):
+    served = serve(EchoApp()).start()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds_in_use() + 1, hard))
+    try:
+        waiting = served.connect(GET)       # the last descriptor: none for the server's end
+        served.until(lambda srv: 'cannot accept' in caplog.text, 'accepting paused')
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert response(waiting)[0] == 200      # once the pause is over
+    turns = served.watch.ticks
+    threading.Event().wait(0.5)             # a window to count turns in, not a wait
+    # Idle again: a turn per 0.05 s tick, not a spin.
+    assert served.watch.ticks - turns < 50
+    assert served.srv.drops.counts == {}
+
+
 def _fds_in_use():
     return len(os.listdir('/proc/self/fd')) - 1     # less listdir's own
