@@ -74,6 +74,8 @@ class CNIWorker(cotyledon.Service):
         self.sock = sock
         self.server = None
         self.housekeeper = None
+        self._beat = None
+        self._reported_saturation = False
 
     def run(self):
         setproctitle.setproctitle(TITLE)
@@ -86,18 +88,17 @@ class CNIWorker(cotyledon.Service):
         if self.worker_id == 0:
             self.housekeeper = housekeeping.Housekeeper(
                 app.ownership, state.DelQueue(self.conf.cni_daemon.state_dir)).start()
-        beat = heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
-                                   self.conf.health.heartbeat_timeout)
-        reported = [False]      # the saturation the registry knows of
+        self._beat = heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
+                                         self.conf.health.heartbeat_timeout)
+        self.server.serve_forever(tick=self._tick, tick_interval=self._beat.interval)
 
-        def tick():
-            beat.beat()
-            if self.server.saturated != reported[0]:
-                self.registry.status.set_saturated(self.name, self.worker_id,
-                                                   self.server.saturated)
-                reported[0] = self.server.saturated
-
-        self.server.serve_forever(tick=tick, tick_interval=beat.interval)
+    def _tick(self):
+        """At the end of every turn of the server's loop: beat, and report saturation."""
+        self._beat.beat()
+        saturated = self.server.saturated
+        if saturated != self._reported_saturation:
+            self.registry.status.set_saturated(self.name, self.worker_id, saturated)
+            self._reported_saturation = saturated
 
     def terminate(self):
         if self.housekeeper is not None:
