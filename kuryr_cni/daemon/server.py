@@ -357,13 +357,7 @@ class BoundedServer:
                 LOG.exception('Unexpected error answering %s %s', request.method, request.path)
                 response = Response(500, b'internal error\n', 'text/plain')
             data = response.encode()
-            try:
-                sent = conn.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:
-                sent = len(data)        # the client is gone: nothing left to send
-            self._answered.append((conn, data[sent:]))
+            self._answered.append((conn, data[_send_some(conn.sock, data):]))
             self._wake()
 
     def _wake(self):
@@ -383,30 +377,22 @@ class BoundedServer:
         while self._answered:
             conn, rest = self._answered.popleft()
             self._busy -= 1
-            if rest:
-                self._start_writing(conn, rest)
-            else:
-                conn.sock.close()
+            self._write_rest(conn, rest)
 
     # Writing ----------------------------------------------------------------------
 
     def _respond(self, conn, data):
-        """Answer from the loop (a refusal): what does not fit now is written later."""
+        """Answer from the loop (a refusal)."""
         del self._reading[conn]
         self._selector.unregister(conn.sock)
-        try:
-            sent = conn.sock.send(data)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            sent = len(data)
-        if sent < len(data):
-            self._start_writing(conn, data[sent:])
-        else:
-            conn.sock.close()
+        self._write_rest(conn, data[_send_some(conn.sock, data):])
 
-    def _start_writing(self, conn, data):
-        conn.out = memoryview(data)
+    def _write_rest(self, conn, rest):
+        """Close a connection whose answer is sent; else write the rest as the client reads."""
+        if not rest:
+            conn.sock.close()
+            return
+        conn.out = memoryview(rest)
         conn.deadline = time.monotonic() + self.limits.write_timeout
         conn.why = 'write_timeout'
         self._writing.add(conn)
@@ -414,13 +400,7 @@ class BoundedServer:
         self._selector.register(conn.sock, selectors.EVENT_WRITE, conn)
 
     def _write(self, conn):
-        try:
-            sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            sent = len(conn.out)
-        conn.out = conn.out[sent:]
+        conn.out = conn.out[_send_some(conn.sock, conn.out):]
         if not conn.out:
             self._close(conn)
 
@@ -479,6 +459,16 @@ class BoundedServer:
     def active(self):
         """Requests being answered now."""
         return self._busy
+
+
+def _send_some(sock, data):
+    """Bytes of ``data`` sent without waiting; all of them when the client is gone."""
+    try:
+        return sock.send(data)
+    except (BlockingIOError, InterruptedError):
+        return 0
+    except OSError:
+        return len(data)
 
 
 def _earliest(timeout, due):
