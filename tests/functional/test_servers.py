@@ -146,14 +146,14 @@ def test_item2_a_connection_flood_neither_grows_nor_wedges_the_ops_process(daemo
         for _ in range(10):
             _probe_alive(node)
             assert _threads(ops) == threads
-            held = _fds(ops)
-            assert held['ops_port'] <= fds['ops_port'] + 2 * 256, held
+            # At most the two caps' worth of connections, and the request
+            # threads' registry connections (each opens one when first used).
+            assert sum(_fds(ops).values()) <= sum(fds.values()) + 2 * 256 + 4
         assert attack.stop() > 0
     # Gone with the attacker: its connections, and any work for them.
     crash.wait_for(lambda: _fds(ops)['ops_port'] == fds['ops_port'], 10,
                    'the flood connections closed')
     assert _threads(ops) == threads
-    # Each request thread opens its registry connection when first used.
     assert _fds(ops)['other'] <= fds['other'] + 4
     assert _cpu_seconds(ops, window=2.0) < 0.05
     _probe_alive(node)
