@@ -72,7 +72,8 @@ SPECS = (
     Spec('del_replayed', 'counter', 'kuryr_cni_queued_del_replayed_total',
          'DELs queued by the shim and replayed at start.'),
     Spec('connections_open', 'gauge', 'kuryr_cni_connections_open',
-         'Connections being read or answered, counted against the cap, by server.',
+         'Connections whose request is being read or answer written (what the cap '
+         'counts), by server.',
          ('server',), {'multiprocess_mode': 'livesum'}, known=(SERVERS,)),
     Spec('connections_limit', 'gauge', 'kuryr_cni_connections_limit',
          'The connection caps of the serving processes, summed, by server.',
@@ -153,7 +154,7 @@ def connections_open(server, count):
         _m.connections_open.labels(server).set(count)
 
 
-def connection_limit(server, count):
+def connections_limit(server, count):
     if _m:
         _m.connections_limit.labels(server).set(count)
 

@@ -176,7 +176,7 @@ class BoundedServer:
         :attr:`connections`.
         """
         self.sock.setblocking(False)
-        metrics.connection_limit(self.name, self.limits.connections)
+        metrics.connections_limit(self.name, self.limits.connections)
         self._threads = [threading.Thread(target=self._answer_requests, daemon=True,
                                           name='%s-request-%d' % (self.name, i))
                          for i in range(self.limits.threads)]

@@ -118,6 +118,9 @@ def main(argv=None):
             return
         selector.register(client.sock, selectors.EVENT_READ, client)
 
+    def clients():
+        return [key.data for key in list(selector.get_map().values()) if key.data is not None]
+
     for number in range(args.count):
         open_one(number)
     print(json.dumps({'connected': args.count - failed, 'failed': failed}), flush=True)
@@ -125,10 +128,9 @@ def main(argv=None):
     next_trickle = time.monotonic()
     while True:
         for key, _ in selector.select(max(0.0, next_trickle - time.monotonic())):
-            if key.fileobj is sys.stdin:
-                for key in list(selector.get_map().values()):
-                    if key.data is not None:
-                        key.data.sock.close()
+            if key.fileobj is sys.stdin:        # told to stop
+                for client in clients():
+                    client.sock.close()
                 print(json.dumps({'dropped': dropped}), flush=True)
                 return 0
             client = key.data
@@ -147,14 +149,11 @@ def main(argv=None):
                     number += 1
         if time.monotonic() >= next_trickle:
             next_trickle = time.monotonic() + args.interval
-            for key in list(selector.get_map().values()):
-                if key.data is not None:
-                    try:
-                        key.data.send_byte()
-                    except (BlockingIOError, InterruptedError):
-                        pass
-                    except OSError:
-                        pass            # dropped: its end of file is read next turn
+            for client in clients():
+                try:
+                    client.send_byte()
+                except OSError:
+                    pass        # a full buffer, or dropped: its end is read next turn
 
 
 if __name__ == '__main__':
