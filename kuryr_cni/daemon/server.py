@@ -31,6 +31,7 @@ import heapq
 import http
 import itertools
 import queue
+import select
 import selectors
 import socket
 import threading
@@ -259,9 +260,12 @@ class BoundedServer:
             except OSError as exc:
                 if exc.errno not in _ACCEPT_ERRORS:
                     raise
-                # Out of file descriptors: the fd limit is a lower cap, met
-                # the same way; with nothing to drop, the client waits in the
-                # backlog a while.
+                # Out of file descriptors (the kernel says so before looking
+                # at the backlog, so only a waiting client counts): the fd
+                # limit is a lower cap, met the same way; with nothing to
+                # drop, the client waits in the backlog a while.
+                if not self._pending():
+                    return
                 if not self._evict_oldest():
                     LOG.warning('%s server: cannot accept: %s', self.name, exc)
                     self._accept_paused_until = time.monotonic() + 1
@@ -271,6 +275,12 @@ class BoundedServer:
             if self._open() >= self.limits.connections:
                 self._evict_oldest()
             self._start(sock)
+
+    def _pending(self):
+        """Whether a client waits in the backlog (without accepting it)."""
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        return bool(poller.poll(0))
 
     def _refused(self, sock):
         refusal = self.admit(sock) if self.admit is not None else None

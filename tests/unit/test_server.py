@@ -5,10 +5,15 @@ application is a small echo. The tests learn what the loop did from its own
 tick, called at the end of every turn (:class:`Watch`), never by sleeping.
 """
 
+import contextlib
 import json
+import logging
 import os
 import resource
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 
 import pytest
@@ -16,6 +21,7 @@ import pytest
 from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import server
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GET = b'GET /echo HTTP/1.1\r\nHost: k\r\n\r\n'
 WAIT = 10       # seconds any single step may take before the test fails
 
@@ -288,40 +294,87 @@ def test_the_loop_ticks_while_idle_and_ends_with_stop(serve):
     assert not served.thread.is_alive()
 
 
-def test_out_of_file_descriptors_the_oldest_incomplete_connection_makes_room(serve):
-    served = serve(EchoApp()).start()
+# Running out of file descriptors. The limit is per process and bounds
+# descriptor numbers, and other tests leave threads behind that open some: these
+# scenarios run alone, in a fresh interpreter.
+
+def test_out_of_file_descriptors_the_oldest_incomplete_connection_makes_room():
+    _run_alone('oldest_makes_room_for_a_descriptor')
+
+
+def test_out_of_file_descriptors_with_nothing_to_drop_new_clients_wait():
+    _run_alone('nothing_to_drop_for_a_descriptor')
+
+
+def _run_alone(scenario):
+    code = 'from tests.unit import test_server; test_server.%s()' % scenario
+    proc = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def oldest_makes_room_for_a_descriptor():
+    with _served_alone(EchoApp()) as served:
+        first, second = served.connect(), served.connect()
+        served.until(lambda srv: srv.connections == 2, 'two silent clients')
+        # The newest client's end takes the last descriptor: the server's end
+        # gets one only once an older connection is gone.
+        with _one_more_descriptor():
+            newest = served.connect(GET)
+            served.until(lambda srv: srv.drops.counts['evicted'] == 1, 'the oldest dropped')
+        assert response(newest)[0] == 200
+        assert closed_unanswered(first)
+        assert still_open(second)
+        assert served.srv.drops.counts == {'evicted': 1}
+        second.close()
+
+
+def nothing_to_drop_for_a_descriptor():
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger('kuryr_cni.daemon.server').addHandler(handler)
+    with _served_alone(EchoApp()) as served:
+        with _one_more_descriptor():
+            waiting = served.connect(GET)       # the last descriptor: none for the server
+            served.until(lambda srv: any('cannot accept' in m for m in logged),
+                         'accepting paused')
+        assert response(waiting)[0] == 200      # once the pause is over
+        turns = served.watch.ticks
+        threading.Event().wait(0.5)             # a window to count turns in, not a wait
+        # Idle again: a turn per 0.05 s tick, not a spin.
+        assert served.watch.ticks - turns < 50
+        assert served.srv.drops.counts == {}
+
+
+@contextlib.contextmanager
+def _served_alone(app):
+    with tempfile.TemporaryDirectory() as directory:
+        served = Served(os.path.join(directory, 's'), app).start()
+        try:
+            served.until(lambda srv: served.watch.ticks >= 1, 'the loop turning')
+            yield served
+        finally:
+            served.close()
+
+
+@contextlib.contextmanager
+def _one_more_descriptor():
+    """Let this process open exactly one more file descriptor, meanwhile.
+
+    The limit bounds descriptor numbers, not their count: every free number
+    below the highest one in use is taken first.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    first, second = served.connect(), served.connect()
-    served.until(lambda srv: srv.connections == 2, 'two silent clients')
-    # Room for the newest client's end, and for the server's end only once an
-    # older connection is gone.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds_in_use() + 1, hard))
+    highest = max(int(fd) for fd in os.listdir('/proc/self/fd'))
+    fillers = []
+    while (fd := os.dup(0)) <= highest:
+        fillers.append(fd)
+    os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fd + 1, hard))
     try:
-        assert response(served.connect(GET))[0] == 200
+        yield
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert closed_unanswered(first)
-    assert still_open(second)
-    assert served.srv.drops.counts == {'evicted': 1}
-    second.close()
-
-
-def test_out_of_file_descriptors_with_nothing_to_drop_new_clients_wait(serve, caplog):
-    served = serve(EchoApp()).start()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (_fds_in_use() + 1, hard))
-    try:
-        waiting = served.connect(GET)       # the last descriptor: none for the server's end
-        served.until(lambda srv: 'cannot accept' in caplog.text, 'accepting paused')
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    assert response(waiting)[0] == 200      # once the pause is over
-    turns = served.watch.ticks
-    threading.Event().wait(0.5)             # a window to count turns in, not a wait
-    # Idle again: a turn per 0.05 s tick, not a spin.
-    assert served.watch.ticks - turns < 50
-    assert served.srv.drops.counts == {}
-
-
-def _fds_in_use():
-    return len(os.listdir('/proc/self/fd')) - 1     # less listdir's own
+        for filler in fillers:
+            os.close(filler)
