@@ -9,11 +9,9 @@ racing it with a sleep.
 import concurrent.futures
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 import uuid
 
@@ -358,64 +356,6 @@ def test_the_request_deadline_bounds_every_wait(node, runtime, vif_timeout):
     waited = time.monotonic() - started
     assert outcome.error_code == 11, outcome
     assert 5 <= waited < 5 + 4, waited
-
-
-def test_idle_and_trickling_clients_cannot_hold_the_workers(node, runtime):
-    # 4 workers of 2 slots each, and 2 s to send a request.
-    node.start_daemon(extra='\n[cni_daemon]\nworker_concurrency = 2\nclient_timeout = 2\n')
-    pod = crash.make_pod(node, 16)
-    crash.wait_seen(node, 1)
-    started = time.monotonic()
-    dropped = {}
-    # Eight clients trickle a header byte every 0.3 s (well within the 10 s
-    # per-receive timeout) and take every slot; four more just connect.
-    clients = [_Client(node.socket, i, trickle=i < 8, dropped=dropped) for i in range(12)]
-    outcome = runtime.add(pod)
-    waited = time.monotonic() - started
-    for client in clients:
-        client.join(15)
-    assert outcome.ok, outcome
-    assert 1.5 <= waited <= 2 + 6, waited       # it waited for the tricklers' deadline only
-    assert sorted(dropped) == list(range(12))
-    trickled = [dropped[i] - started for i in range(8)]
-    idle = [dropped[i] - started for i in range(8, 12)]
-    assert all(1.5 <= t <= 2 + 3 for t in trickled), trickled
-    assert all(3.5 <= t <= 4 + 4 for t in idle), idle    # accepted at ~2 s, dropped 2 s later
-    assert_connected(node, pod, 16)
-
-
-class _Client(threading.Thread):
-    """A client of the CNI socket that never completes its request."""
-
-    def __init__(self, path, number, trickle, dropped):
-        super().__init__(daemon=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)          # queued in order: accepted in this order
-        self.number = number
-        self.trickle = trickle
-        self.dropped = dropped           # number -> when the daemon dropped it
-        self.start()
-
-    def run(self):
-        data = b'POST /addNetwork HTTP/1.1\r\nHost: kuryr-cni\r\nX-Slow: ' + b'a' * 1000
-        sent = 0
-        with self.sock:
-            while True:
-                readable, _, _ = select.select([self.sock], [], [], 0.3)
-                if readable:
-                    try:
-                        if self.sock.recv(4096) == b'':
-                            break
-                    except ConnectionResetError:
-                        break
-                    continue
-                if self.trickle and sent < len(data):
-                    try:
-                        self.sock.send(data[sent:sent + 1])
-                    except (BrokenPipeError, ConnectionResetError):
-                        break
-                    sent += 1
-        self.dropped[self.number] = time.monotonic()
 
 
 # Security -----------------------------------------------------------------------------
