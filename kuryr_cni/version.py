@@ -1,8 +1,7 @@
-"""The package's version, as installed."""
+"""The one version of kuryr-cni: the daemon's, ``kuryr-cni-ctl``'s and the package's.
 
-from importlib import metadata
+A literal, so that the build reads it without importing the package
+(``pyproject.toml``: ``[tool.setuptools.dynamic]``).
+"""
 
-try:
-    VERSION = metadata.version('kuryr-cni')
-except metadata.PackageNotFoundError:      # running from a source tree
-    VERSION = 'unknown'
+VERSION = '0.2.0'
