@@ -1,6 +1,7 @@
 """``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
 
-config and logging → safety checks (no live daemon on the socket) → metrics
+config, validated whole (a bad one ends the start here, with one line on
+stderr and exit status 2) and logging → safety checks (no live daemon on the socket) → metrics
 directory → registry Manager (before cotyledon, with the fork start method,
 its socket ``registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
@@ -46,7 +47,13 @@ QUIET_LIBRARIES = ['pyroute2=WARN', 'urllib3=WARN', 'kubernetes=WARN', 'asyncio=
 
 
 def main(argv=None):
-    conf = config.load(sys.argv[1:] if argv is None else argv)
+    try:
+        conf = config.load(sys.argv[1:] if argv is None else argv)
+        # Before the run dir, the state dir or the registry is touched.
+        config.validate(conf)
+    except config.ConfigError as exc:
+        print('kuryr-cni-daemon: configuration error: %s' % exc, file=sys.stderr)
+        return 2
     logging.set_defaults(default_log_levels=logging.get_default_log_levels() + QUIET_LIBRARIES)
     logging.setup(conf, 'kuryr-cni')
     multiprocessing.set_start_method('fork', force=True)
