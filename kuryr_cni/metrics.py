@@ -40,8 +40,8 @@ SERVICES = ('watcher', 'cni-worker', 'ops')     # kuryr_cni.daemon.main's childr
 
 
 # The daemon's metric set (DESIGN 4.4); doc/source/operations.rst lists it for
-# operators. kuryr_cni_ready and kuryr_cni_attachments are read from the
-# registry at scrape time instead (kuryr_cni.daemon.ops).
+# operators. The counted ones are SPECS; SCRAPED are read when /metrics is
+# scraped (kuryr_cni.daemon.collector).
 SPECS = (
     Spec('requests', 'counter', 'kuryr_cni_requests_total',
          'CNI requests handled, by command and result.', ('command', 'result'),
@@ -69,6 +69,28 @@ SPECS = (
          known=(SERVICES,)),
     Spec('del_replayed', 'counter', 'kuryr_cni_queued_del_replayed_total',
          'DELs queued by the shim and replayed at start.'),
+)
+
+
+class Scraped(typing.NamedTuple):
+    """A gauge read at scrape time: its exported name, help and labels."""
+
+    name: str
+    help: str
+    labels: tuple = ()
+
+
+SCRAPED = (
+    Scraped('kuryr_cni_build_info', 'The running kuryr-cni, by version; always 1.',
+            ('version',)),
+    Scraped('kuryr_cni_ready', 'Whether the daemon is ready (1) or not (0).'),
+    Scraped('kuryr_cni_attachments', 'Pod interface attachments recorded on this node.'),
+    Scraped('kuryr_cni_queued_dels',
+            'DELs the shim queued while the daemon was unreachable, waiting for the next '
+            'daemon start to replay them.'),
+    Scraped('kuryr_cni_watch_activity_age_seconds',
+            'Seconds since the watcher last received a list, a watch event or a bookmark '
+            'from the API server; absent until the first list.'),
 )
 
 

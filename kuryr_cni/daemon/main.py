@@ -142,7 +142,8 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock, guard):
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
                args=(conf, registry, cni_socks)): 'cni-worker',
         sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock,
-                                                conf.cni_daemon.request_timeout)): 'ops',
+                                                conf.cni_daemon.request_timeout,
+                                                conf.cni_daemon.state_dir)): 'ops',
     }
     # The parent alone speaks to systemd, and only READY=1 once really ready:
     # cotyledon would send its own READY=1 at start, and children must not

@@ -20,30 +20,12 @@ import cotyledon
 import setproctitle
 from oslo_log import log as logging
 
+from kuryr_cni.daemon import collector
 from kuryr_cni.daemon import health
 
 LOG = logging.getLogger(__name__)
 
 TITLE = 'kuryr-cni-daemon: ops'
-
-
-class _RegistryCollector:
-    """Values that live in the registry rather than in a counter."""
-
-    def __init__(self, registry):
-        self.registry = registry
-
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
-        facts = health.judge(self.registry)
-        yield GaugeMetricFamily('kuryr_cni_ready', 'Whether the daemon is ready (1) or not (0).',
-                                value=int(facts['ready']))
-        try:
-            count = self.registry.bindings.count_attachments()
-        except (ConnectionError, EOFError, OSError):
-            return
-        yield GaugeMetricFamily('kuryr_cni_attachments',
-                                'Pod interface attachments recorded on this node.', value=count)
 
 
 class ProbeLog:
@@ -120,9 +102,11 @@ class OpsService(cotyledon.Service):
 
     name = 'ops'
 
-    def __init__(self, worker_id, registry, health_sock, metrics_sock, drain_timeout=0):
+    def __init__(self, worker_id, registry, health_sock, metrics_sock, drain_timeout=0,
+                 state_dir=None):
         super().__init__(worker_id)
         self.registry = registry
+        self.state_dir = state_dir
         self.socks = (health_sock, metrics_sock)
         self.drain_timeout = drain_timeout
         self.servers = []
@@ -133,7 +117,7 @@ class OpsService(cotyledon.Service):
         setproctitle.setproctitle(TITLE)
         metrics_registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(metrics_registry)
-        metrics_registry.register(_RegistryCollector(self.registry))
+        metrics_registry.register(collector.ScrapeCollector(self.registry, self.state_dir))
         health_sock, metrics_sock = self.socks
         self.servers = [_Server(health_sock, 'health', self.registry),
                         _Server(metrics_sock, 'metrics', self.registry, metrics_registry)]

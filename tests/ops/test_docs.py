@@ -53,7 +53,7 @@ def _rst(page):
 
 def test_the_operations_page_lists_every_metric_and_alert():
     text = _rst('operations')
-    names = [spec.name for spec in metrics.SPECS] + ['kuryr_cni_ready', 'kuryr_cni_attachments']
+    names = [spec.name for spec in metrics.SPECS + metrics.SCRAPED]
     for name in names:
         assert '``%s``' % name in text, name
     with open(REPO / 'etc' / 'prometheus' / 'kuryr-cni-alerts.yaml') as f:
