@@ -125,15 +125,15 @@ class ConfigError(Exception):
     """The configuration cannot be used; the message names the file, option and problem."""
 
 
-# Values oslo.config's types cannot express: (group, option, check, problem).
-_SEMANTICS = (
-    ('cni_daemon', 'node_name', bool, 'must not be empty'),
-    ('cni_daemon', 'socket', os.path.isabs, 'must be an absolute path'),
-    ('cni_daemon', 'state_dir', os.path.isabs, 'must be an absolute path'),
-    ('kubernetes', 'kubeconfig', os.path.isfile, 'no such file'),
-    ('kubernetes', 'token_file', os.path.isfile, 'no such file'),
-    ('kubernetes', 'ca_file', os.path.isfile, 'no such file'),
-)
+# What oslo.config's types cannot express: (group, option) -> (check, problem).
+_SEMANTICS = {
+    ('cni_daemon', 'node_name'): (bool, 'must not be empty'),
+    ('cni_daemon', 'socket'): (os.path.isabs, 'must be an absolute path'),
+    ('cni_daemon', 'state_dir'): (os.path.isabs, 'must be an absolute path'),
+    ('kubernetes', 'kubeconfig'): (os.path.isfile, 'no such file'),
+    ('kubernetes', 'token_file'): (os.path.isfile, 'no such file'),
+    ('kubernetes', 'ca_file'): (os.path.isfile, 'no such file'),
+}
 
 
 def load(argv, conf=None, prog='kuryr-cni-daemon'):
@@ -194,10 +194,9 @@ def validate(conf):
         except cfg.ConfigSourceValueError as exc:
             problem = str(exc).rpartition(' is not valid: ')[2]
             raise ConfigError(_line(where, group, name, problem)) from None
-        for check_group, check_name, check, problem in _SEMANTICS:
-            if (group, name) == (check_group, check_name) and value is not None and not check(
-                    value):
-                raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
+        check, problem = _SEMANTICS.get((group, name), (None, None))
+        if check and value is not None and not check(value):
+            raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
 
 
 def _every_option(conf):

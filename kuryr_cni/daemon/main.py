@@ -1,8 +1,8 @@
 """``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
 
-config, validated whole (a bad one ends the start here, with one line on
-stderr and exit status 2) and logging → safety checks (no live daemon on the socket) → metrics
-directory → registry Manager (before cotyledon, with the fork start method,
+config, checked whole (a bad one ends the start here: one line on stderr,
+exit status 2) and logging → safety checks (no live daemon on the socket) →
+metrics directory → registry Manager (before cotyledon, with the fork start method,
 its socket ``registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
 ops process → systemd notification. On SIGTERM cotyledon stops the children
