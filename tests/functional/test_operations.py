@@ -228,8 +228,8 @@ def _expected_families():
     for spec in metrics_mod.SPECS:
         name = spec.name[:-len('_total')] if spec.kind == 'counter' else spec.name
         expected[name] = (spec.kind, set(spec.labels))
-    expected['kuryr_cni_ready'] = ('gauge', set())
-    expected['kuryr_cni_attachments'] = ('gauge', set())
+    for spec in metrics_mod.SCRAPED:
+        expected[spec.name] = ('gauge', set(spec.labels))
     return expected
 
 
@@ -261,6 +261,10 @@ def test_metric_set_follows_prometheus_conventions(daemon):
     assert answer['type'].startswith('text/plain; version=')
     found = families(answer['text'])
     expected = _expected_families()
+    # The watch age appears once the watcher reports its activity to the
+    # registry (StatusTable.note_watch_activity), which it may not do yet.
+    if 'kuryr_cni_watch_activity_age_seconds' not in found:
+        del expected['kuryr_cni_watch_activity_age_seconds']
     assert {name: f.type for name, f in found.items()} == {
         name: kind for name, (kind, _) in expected.items()}
     for name, family in found.items():
@@ -287,6 +291,8 @@ def test_metric_set_follows_prometheus_conventions(daemon):
     assert samples[('kuryr_cni_worker_restarts_total',
                     frozenset({('service', 'cni-worker')}))] == 0
     assert samples[('kuryr_cni_ready', frozenset())] == 1
+    assert samples[('kuryr_cni_build_info', frozenset({('version', version.VERSION)}))] == 1
+    assert samples[('kuryr_cni_queued_dels', frozenset())] == 0
 
 
 def _counts(samples, name, label):

@@ -64,7 +64,7 @@ def test_refuses_a_device():
 def test_refuses_other_kinds_of_namespace(kind, words):
     path = '/proc/self/ns/' + kind
     if not os.path.exists(path):
-        pytest.skip('%s is not available here' % path)
+        pytest.skip('this kernel has no %s namespaces (no %s)' % (kind, path))
     exc = refusal(path)
     assert words in exc.msg and 'not a network namespace' in exc.msg
 
