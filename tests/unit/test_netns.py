@@ -50,9 +50,9 @@ def test_refuses_a_missing_path(tmp_path):
 def test_refuses_a_fifo_without_blocking(tmp_path):
     fifo = str(tmp_path / 'fifo')
     os.mkfifo(fifo)
-    start = time.monotonic()
+    # Opened for reading, a FIFO without writer blocks for ever: reaching the
+    # refusal at all is the proof it was never opened.
     assert 'FIFO' in refusal(fifo).msg
-    assert time.monotonic() - start < 5
 
 
 def test_refuses_a_device():
@@ -108,7 +108,7 @@ def test_unanswered_netlink_request_times_out():
     with pytest.raises(netns.NetlinkTimeout) as exc:
         with netns.iproute(timeout=0.2) as ipr:
             ipr.get()                  # waits for an answer to nothing
-    assert 0.2 <= time.monotonic() - start < 5
+    assert time.monotonic() - start >= 0.2      # it waited its whole timeout, not less
     assert exc.value.code == 11 and exc.value.retry
     assert 'no answer within 0.2 s' in exc.value.msg
 
