@@ -205,7 +205,7 @@ def test_worker_killed_while_plugging_leaves_nothing_the_retry_cannot_fix(daemon
         states = _first_attachment_states(node, key, timeout=20)
         with netns.iproute(node.path) as host:
             wait.until(lambda: host.link_lookup(ifname=host_end), 20, 'the veth pair',
-                       poll=0)
+                       interval=0)
             crash.kill(victim)
         outcome = add.result(timeout=30)
     half_made = host_end in node.links()
