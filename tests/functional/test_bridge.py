@@ -6,6 +6,7 @@ and pods in throwaway namespaces, and asserts what ``ip`` shows there.
 
 import concurrent.futures
 import dataclasses
+import os
 import shutil
 import socket
 import threading
@@ -454,6 +455,21 @@ def test_iproute_is_bound_to_the_namespace(host_ns):
     with netns.iproute(host_ns.path) as ipr:
         names = {link.get('ifname') for link in ipr.link('dump')}
     assert names == set(host_ns.links()) == {'lo', BRIDGE}
+
+
+def test_the_namespace_runner_comes_home_and_stays_the_only_one(host_ns, pod_ns):
+    """Every thread of the process, the runner included, is back in its own
+    namespace after each call, and one runner thread serves them all."""
+    pods = [pod_ns() for _ in range(3)]
+    for pod in pods * 2:
+        assert netns.link_names(pod.path) == {'lo'}
+        with netns.iproute(pod.path) as ipr:
+            assert [link.get('ifname') for link in ipr.link('dump')] == ['lo']
+    own = os.stat('/proc/self/ns/net').st_ino
+    tasks = os.listdir('/proc/self/task')
+    assert {os.stat('/proc/self/task/%s/ns/net' % tid).st_ino for tid in tasks} == {own}
+    runners = [t for t in threading.enumerate() if t.name == 'kuryr-cni-netns']
+    assert len(runners) == 1
 
 
 def test_iproute_never_creates_a_namespace(netns_factory):
