@@ -1,18 +1,23 @@
-"""The pod watcher against the Kubernetes API stand-in, through the official client."""
+"""The list+watch with the pod annotation source, against the API stand-in, through the
+official client."""
 
 import collections
 import json
 import logging
 import os
 import pickle
+import socket
 import threading
 import time
 
+from kubernetes import client
+from kubernetes.config import incluster_config
 import pytest
 
 from kuryr_cni import apiclient
+from kuryr_cni import listwatch
 from kuryr_cni import vif as vifmod
-from kuryr_cni import watcher
+from kuryr_cni.vifsource import annotation
 from tools.testbed import apiserver
 
 pytestmark = pytest.mark.usefixtures('no_leftover_threads')
@@ -45,6 +50,7 @@ class Sink:
         self.synced = None
         self.synced_history = []
         self.replaces = 0
+        self.timeline = None        # a list to record mark_synced calls in, in order
 
     def replace_pods(self, records):
         with self.cond:
@@ -66,6 +72,8 @@ class Sink:
         with self.cond:
             self.synced = synced
             self.synced_history.append(synced)
+            if self.timeline is not None:
+                self.timeline.append(('synced', synced))
             self.cond.notify_all()
 
     def wait_for(self, predicate, what):
@@ -73,26 +81,50 @@ class Sink:
             assert self.cond.wait_for(lambda: predicate(self), WAIT), 'timed out: ' + what
 
 
-class Harness:
-    """A watcher running in a thread, with its sink and callback counts."""
+class RecordingStop(threading.Event):
+    """The stop event, which also records each backoff wait in the harness's timeline."""
 
-    def __init__(self, server, **kwargs):
+    def __init__(self, timeline, cond):
+        super().__init__()
+        self.timeline, self.cond = timeline, cond
+
+    def wait(self, timeout=None):
+        if timeout is not None and threading.current_thread().name != 'watch-stopper':
+            with self.cond:
+                self.timeline.append(('wait', timeout))
+                self.cond.notify_all()
+        return super().wait(timeout)
+
+
+class Harness:
+    """A list+watch running in a thread, with its sink, callback counts and a timeline of
+    its restarts and backoff waits."""
+
+    def __init__(self, server, token_file=None, **kwargs):
         self.server = server
         self.sink = Sink()
         self.restarts = []
+        self.timeline = []
+        self.activity = 0
         self.event_types = collections.Counter()
-        self.api = apiclient.make_api_client(api_root=server.url)
+        self.api = apiclient.make_api_client(api_root=server.url, token_file=token_file)
         kwargs.setdefault('watch_timeout', 300)
         kwargs.setdefault('backoff_max', 0.2)
-        self.watcher = watcher.PodWatcher(self.api, NODE, self.sink,
-                                          on_restart=self._restarted, on_event=self._event,
-                                          **kwargs)
-        self.stop_event = threading.Event()
+        self.watcher = listwatch.ListWatch(annotation.PodAnnotations(self.api, NODE), self.sink,
+                                           on_restart=self._restarted, on_event=self._event,
+                                           on_activity=self._active, **kwargs)
+        self.stop_event = RecordingStop(self.timeline, self.sink.cond)
         self.thread = threading.Thread(target=self.watcher.run, args=(self.stop_event,))
 
     def _restarted(self, reason):
         with self.sink.cond:
             self.restarts.append(reason)
+            self.timeline.append(('restart', reason))
+            self.sink.cond.notify_all()
+
+    def _active(self):
+        with self.sink.cond:
+            self.activity += 1
             self.sink.cond.notify_all()
 
     def _event(self, kind):
@@ -162,10 +194,12 @@ def test_initial_list_fills_the_sink_with_this_nodes_pods(server, run):
     }
     (listed,) = h.lists()
     assert listed.query['fieldSelector'] == 'spec.nodeName=' + NODE
+    assert listed.query['resourceVersion'] == '0'      # any version: the watch cache serves it
     watched = h.wait_for_watch(lambda r: True, 'the watch')
     assert watched.query['resourceVersion'] == server.resource_version
     assert watched.query['allowWatchBookmarks'] == 'true'
     assert h.restarts == []
+    assert h.activity >= 1          # the list counts as watch activity
 
 
 def test_added_modified_deleted_reach_the_sink(server, run):
@@ -184,6 +218,7 @@ def test_added_modified_deleted_reach_the_sink(server, run):
     assert h.event_types['MODIFIED'] == 3
     assert h.event_types['DELETED'] == 1
     assert len(h.lists()) == 1
+    assert h.activity == 1 + 5      # the list and each event
 
 
 def test_bad_annotation_gives_an_error_record_and_the_loop_goes_on(server, run, caplog):
@@ -239,28 +274,44 @@ def test_a_normal_watch_end_resumes_without_relisting(server, run):
     assert versions == sorted(versions)
 
 
-def test_410_after_compaction_relists(run):
-    # Bookmarks off: the watcher's version falls behind while other nodes' pods change.
-    with apiserver.APIServer(bookmark_interval=60) as srv:
+def test_410_after_compaction_relists_from_the_watch_cache(run):
+    # No periodic bookmarks: the version falls behind while other nodes' pods change.
+    with apiserver.APIServer() as srv:
         srv.create_pod('default', 'a', NODE, uid='uid-a')
-        h = run(srv, watch_timeout=1)
+        h = run(srv, watch_timeout=10)
+        watched = h.wait_for_watch(lambda r: True, 'the watch').query['resourceVersion']
         srv.create_pod('default', 'elsewhere', 'node-2')
-        srv.compact()
+        srv.restart()           # a restarted kube-apiserver has no history: 410 on resume
         h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
-        h.sink.wait_for(lambda s: h.restarts == ['expired'], 'on_restart')
-        assert len(h.lists()) == 2
+        h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'on_restart')
+        first, relist = h.lists()
+        # Not older than what it had seen: never back in time, and served from the cache.
+        assert relist.query['resourceVersion'] == watched
         assert set(h.sink.pods) == {'default/a'}
         h.close()
 
 
 def test_http_410_relists_too(run):
-    with apiserver.APIServer(bookmark_interval=60, expired_as='http') as srv:
-        h = run(srv, watch_timeout=1)
+    with apiserver.APIServer(expired_as='http') as srv:
+        h = run(srv, watch_timeout=10)
+        h.wait_for_watch(lambda r: True, 'the watch')
         srv.create_pod('default', 'elsewhere', 'node-2')
-        srv.compact()
+        srv.restart()
         h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
-        assert h.restarts == ['expired']
+        assert h.restarts == ['expired']        # the resume was refused, never answered
         h.close()
+
+
+def test_a_list_refused_as_too_new_lists_the_latest(server, harnesses):
+    # An etcd restored from a backup is behind the version the watcher asks for.
+    h = Harness(server)
+    harnesses.append(h)
+    h.watcher._list_rv = '999999'         # as after a 410 at that version
+    h.start()
+    refused, latest = h.lists()
+    assert refused.query['resourceVersion'] == '999999'
+    assert 'resourceVersion' not in latest.query      # the latest, from etcd
+    assert h.restarts == ['expired']
 
 
 def test_outage_then_catch_up_from_the_last_version(server, run):
@@ -269,7 +320,7 @@ def test_outage_then_catch_up_from_the_last_version(server, run):
     h = run()
 
     h.wait_streaming()
-    server.stop()
+    server.stop()           # an outage of this server; the cluster's history stays whole
     server.delete_pod('default', 'a')
     server.set_vifs('default', 'b', vifs(10))
     server.create_pod('default', 'c', NODE, uid='uid-c')
@@ -279,7 +330,7 @@ def test_outage_then_catch_up_from_the_last_version(server, run):
                     and s.pods['default/b']['vifs'] == expected_vifs(10), 'catch up')
     h.sink.wait_for(lambda s: h.restarts == ['error'], 'on_restart')
     assert len(h.lists()) == 1          # resumed, the log still held the changes
-    assert h.sink.synced_history == [True]
+    h.sink.wait_for(lambda s: s.synced_history == [True, False, True], 'synced again')
 
 
 def test_outage_then_compaction_relists(server, run):
@@ -296,62 +347,76 @@ def test_outage_then_compaction_relists(server, run):
     h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'on_restart %s' % h.restarts)
 
 
-def test_a_long_outage_marks_the_sink_unsynced_until_a_relist(server, run):
+def test_unsynced_from_the_first_failure_until_the_watch_resumes(server, run):
     server.create_pod('default', 'a', NODE, uid='uid-a')
-    h = run(unsynced_after=0.3)
+    h = run(backoff_initial=0.2)
     h.wait_streaming()
+    with h.sink.cond:
+        h.sink.timeline = h.timeline
+        h.timeline.clear()
     server.stop()
-    h.sink.wait_for(lambda s: s.synced is False, 'unsynced')
+    h.sink.wait_for(lambda s: ('synced', False) in h.timeline, 'unsynced')
     assert set(h.sink.pods) == {'default/a'}     # stale, but kept
     server.start()
-    h.sink.wait_for(lambda s: s.synced is True, 'synced again')
-    assert h.sink.synced_history == [True, False, True]
-    assert len(h.lists()) == 2
+    h.sink.wait_for(lambda s: s.synced, 'synced again')
+    # Unsynced at the first failure, before any backoff; synced again by the resumed watch.
+    assert h.timeline[:2] == [('synced', False), ('wait', h.timeline[1][1])]
+    assert h.timeline[-2:] == [('restart', 'error'), ('synced', True)]
+    assert len(h.lists()) == 1
+
+
+def test_the_backoff_starts_over_once_the_api_answers(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h = run(backoff_initial=0.01, backoff_max=30)
+    h.wait_streaming()
+    server.stop()
+    h.sink.wait_for(lambda s: len(h.timeline) >= 6, 'six failures')
+    with h.sink.cond:
+        grown = max(timeout for kind, timeout in h.timeline if kind == 'wait')
+    server.create_pod('default', 'b', NODE, uid='uid-b')   # the history moves on meanwhile
+    server.restart()        # and a restarted server has none: the resume gets 410
+
+    h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'the resume, then the relist')
+    with h.sink.cond:
+        after = h.timeline[h.timeline.index(('restart', 'error')):]
+    # The 410 came on a connection just answered: relisted at once, no backoff between.
+    assert after == [('restart', 'error'), ('restart', 'expired')]
+    assert set(h.sink.pods) == {'default/a', 'default/b'}
+
+    server.stop()
+    h.sink.wait_for(lambda s: h.timeline[-1][0] == 'wait', 'the next failure')
+    with h.sink.cond:
+        first_wait = h.timeline[-1][1]
+    assert first_wait <= 0.01 < grown       # from the start again, not where it had grown to
+    server.start()
 
 
 def test_stop_event_cuts_a_quiet_watch(run):
-    with apiserver.APIServer(bookmark_interval=60) as srv:
+    with apiserver.APIServer() as srv:
         h = run(srv, watch_timeout=300)
         srv.create_pod('default', 'a', NODE, uid='uid-a')
         h.sink.wait_for(lambda s: 'default/a' in s.pods, 'the stream to be open')
-        started = time.monotonic()
         h.stop_event.set()
-        h.thread.join(WAIT)
+        h.thread.join(WAIT)     # a watch of 300 s: only the cut ends it within WAIT
         assert not h.thread.is_alive()
-        assert time.monotonic() - started < 2
         h.close()
-
-
-class _Retrying(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.seen = threading.Event()
-
-    def emit(self, record):
-        if 'retrying' in record.getMessage():
-            self.seen.set()
 
 
 def test_stop_during_backoff_returns_promptly(server, run):
     h = run(backoff_max=60, backoff_initial=30)
-    retrying = _Retrying()
-    logging.getLogger(watcher.__name__).addHandler(retrying)
-    try:
-        h.wait_streaming()
-        server.stop()
-        assert retrying.seen.wait(WAIT)      # it failed and is now in a 15 to 30 s backoff
-    finally:
-        logging.getLogger(watcher.__name__).removeHandler(retrying)
-    started = time.monotonic()
+    h.wait_streaming()
+    server.stop()
+    h.sink.wait_for(lambda s: h.timeline and h.timeline[-1][0] == 'wait',
+                    'the first backoff, 15 to 30 s')
     h.watcher.stop()
     h.thread.join(WAIT)
     assert not h.thread.is_alive()
-    assert time.monotonic() - started < 2
 
 
 def test_backoff_grows_with_jitter_and_is_capped():
     api = apiclient.make_api_client(api_root='http://127.0.0.1:9')
-    w = watcher.PodWatcher(api, NODE, Sink(), backoff_max=8, backoff_initial=1)
+    w = listwatch.ListWatch(annotation.PodAnnotations(api, NODE), Sink(), backoff_max=8,
+                            backoff_initial=1)
     api.close()
     for failures, ceiling in ((1, 1), (2, 2), (3, 4), (4, 8), (5, 8), (500, 8)):
         w._failures = failures
@@ -360,23 +425,117 @@ def test_backoff_grows_with_jitter_and_is_capped():
         assert len(delays) > 1
 
 
-def test_bearer_token_is_read_from_its_file_and_rotated(server, tmp_path):
+# The bearer token ----------------------------------------------------------------------
+
+def test_bearer_token_is_read_from_its_file_and_rotated(server, run, tmp_path):
     token = tmp_path / 'token'
     token.write_text('first\n')
-    api = apiclient.make_api_client(api_root=server.url + '/', token_file=str(token))
-    sink = Sink()
-    w = watcher.PodWatcher(api, NODE, sink, watch_timeout=1)
-    stop = threading.Event()
-    thread = threading.Thread(target=w.run, args=(stop,))
-    thread.start()
-    try:
-        sink.wait_for(lambda s: s.synced, 'sync')
-        token.write_text('second\n')
-        os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
-        assert server.wait_for_request(
-            lambda r: r.headers.get('authorization') == 'Bearer second', WAIT)
-    finally:
-        stop.set()
-        thread.join(WAIT)
-        api.close()
+    h = run(token_file=str(token), watch_timeout=1)
+    token.write_text('second\n')
+    os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
+    assert server.wait_for_request(
+        lambda r: r.headers.get('authorization') == 'Bearer second', WAIT)
     assert server.requests()[0].headers['authorization'] == 'Bearer first'
+    h.close()
+
+
+def test_a_kubeconfig_token_file_ending_in_a_newline_is_sent_stripped(tmp_path):
+    (tmp_path / 'token').write_text('s3cret\n')
+    with apiserver.APIServer(token='s3cret') as srv:
+        kubeconfig = tmp_path / 'kubeconfig'
+        kubeconfig.write_text(json.dumps({
+            'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'c',
+            'clusters': [{'name': 'k', 'cluster': {'server': srv.url}}],
+            'users': [{'name': 'u', 'user': {'tokenFile': str(tmp_path / 'token')}}],
+            'contexts': [{'name': 'c', 'context': {'cluster': 'k', 'user': 'u'}}]}))
+        api = apiclient.make_api_client(kubeconfig=str(kubeconfig))
+        try:
+            pods = client.CoreV1Api(api).list_pod_for_all_namespaces(_request_timeout=5)
+        finally:
+            api.close()
+        assert pods.items == []
+        assert srv.requests()[0].headers['authorization'] == 'Bearer s3cret'
+
+
+def test_the_in_cluster_token_is_stripped_and_rotated(tmp_path, monkeypatch):
+    token, ca = tmp_path / 'token', tmp_path / 'ca.crt'
+    token.write_text('s3cret\n')
+    ca.write_text('not used: no request is made\n')
+    monkeypatch.setattr(incluster_config, 'SERVICE_TOKEN_FILENAME', str(token))
+    monkeypatch.setattr(incluster_config, 'SERVICE_CERT_FILENAME', str(ca))
+    monkeypatch.setenv('KUBERNETES_SERVICE_HOST', '192.0.2.1')
+    monkeypatch.setenv('KUBERNETES_SERVICE_PORT', '443')
+    api = apiclient.make_api_client()
+    try:
+        assert api.configuration.host == 'https://192.0.2.1:443'
+        assert api.configuration.auth_settings()['BearerToken']['value'] == 'Bearer s3cret'
+        token.write_text('rotated\n')
+        os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
+        assert api.configuration.auth_settings()['BearerToken']['value'] == 'Bearer rotated'
+    finally:
+        api.close()
+
+
+class LogRecords(logging.Handler):
+    """Every record of every logger, formatted with its traceback, and a wait for one."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.cond = threading.Condition()
+        self.texts = []
+
+    def emit(self, record):
+        with self.cond:
+            self.texts.append(logging.Formatter().format(record))
+            self.cond.notify_all()
+
+    def wait_for(self, substring):
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(substring in t for t in self.texts), WAIT), \
+                'no log line with %r' % substring
+
+    def __enter__(self):
+        root = logging.getLogger()
+        self.root_level = root.level
+        root.setLevel(logging.DEBUG)
+        root.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        root = logging.getLogger()
+        root.removeHandler(self)
+        root.setLevel(self.root_level)
+
+
+def test_no_failure_path_logs_the_token(tmp_path, harnesses):
+    secret = 'tok-3f9a1c'
+    token = tmp_path / 'token'
+    with LogRecords() as logs, apiserver.APIServer(token=secret) as srv:
+        def watch_until(message, api_root=srv.url):
+            h = Harness(srv, token_file=str(token), backoff_max=0.05)
+            harnesses.append(h)
+            h.api.configuration.host = api_root
+            h.thread.start()
+            logs.wait_for(message)
+            assert h.thread.is_alive()          # logged, and still trying
+            h.close()
+
+        token.write_text(secret[::-1] + '\n')                 # a wrong token: 401
+        watch_until('HTTP 401 Unauthorized: Unauthorized')
+        token.write_text(secret[:4] + '\n' + secret[4:] + '\n')  # urllib3 refuses the header
+        watch_until('could not be sent: ValueError')
+        token.write_text(secret + '\n')                        # the right one: it works
+        with socket.socket() as closed:                         # and nobody listens: refused
+            closed.bind(('127.0.0.1', 0))
+            watch_until('Connection refused', 'http://127.0.0.1:%d' % closed.getsockname()[1])
+        h = Harness(srv, token_file=str(token))
+        harnesses.append(h)
+        h.start()
+        h.wait_for_watch(lambda r: True, 'the watch')
+        srv.create_pod('default', 'elsewhere', 'node-2')
+        srv.restart()                                           # a broken stream, then 410
+        h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'the relist')
+    text = '\n'.join(logs.texts)
+    assert 'retrying' in text and 'relisting' in text
+    for part in (secret, secret[:4], secret[4:], secret[::-1]):
+        assert part not in text
