@@ -16,8 +16,10 @@ is the same for every source:
   (see ``doc/source/scale.rst``). Only when the server says it cannot serve
   that version (410, or "too large" after an etcd restore) does the next
   list ask for the latest, from etcd;
-- failures back off with jitter, and the backoff starts over as soon as a
-  request is answered again;
+- failures back off with jitter; the backoff starts over once the server
+  answers again (even with an error, after it was unreachable: kube-apiserver
+  1.20 answers 403 for a moment after a restart, before its RBAC authorizer
+  has read the roles);
 - the sink is unsynced from the first failure until a list or a resumed
   watch is answered, so ``/ready`` tells when the records may be stale;
 - :meth:`ListWatch.stop` cuts an open watch stream, so it returns promptly.
@@ -55,7 +57,14 @@ class _Expired(Exception):
 
 
 class _Unavailable(Exception):
-    """A request or a stream failed: back off, then resume from the last resourceVersion."""
+    """A request or a stream failed: back off, then resume from the last resourceVersion.
+
+    ``answered``: the server answered with an error, rather than not at all.
+    """
+
+    def __init__(self, message, answered=False):
+        super().__init__(message)
+        self.answered = answered
 
 
 class _BadObject(Exception):
@@ -101,6 +110,7 @@ class ListWatch:
         self._rv = None               # where the watch resumes; None: relist first
         self._list_rv = '0'           # what the next list asks for ('': the latest, from etcd)
         self._failures = 0            # consecutive failures since the API last answered
+        self._unreachable = False     # whether the last failure got no answer at all
         self._expired_in_a_row = 0    # 410s with no event between them
         self._restart_reason = None
         self._synced = False
@@ -139,6 +149,12 @@ class ListWatch:
             except _Unavailable as exc:
                 if stop_event.is_set():
                     break
+                if exc.answered and self._unreachable:
+                    # Back after an outage, though refusing for now (kube-apiserver 1.20
+                    # answers 403 until its RBAC authorizer has read the roles): the
+                    # backoff built up while it was unreachable no longer applies.
+                    self._failures = 0
+                self._unreachable = not exc.answered
                 LOG.warning('Kubernetes API unavailable for the watch of %s (%s); retrying',
                             self.source.what, exc)
                 self._note_failure('error', backoff=True)
@@ -249,7 +265,7 @@ class ListWatch:
         except client.ApiException as exc:
             if exc.status == 410 or _too_large(apiclient.error_status(exc)):
                 raise _Expired(apiclient.describe_error(exc)) from None
-            raise _Unavailable(apiclient.describe_error(exc)) from None
+            raise _Unavailable(apiclient.describe_error(exc), answered=True) from None
         except Exception as exc:
             # Whatever it is (urllib3's ValueError for a header with a newline
             # included), the loop goes on, and the token stays out of the logs.
@@ -258,6 +274,7 @@ class ListWatch:
     def _note_answered(self):
         """The API server answered: back to a clean slate."""
         self._failures = 0
+        self._unreachable = False
         if self._restart_reason is not None:
             LOG.info('Watch of %s re-established after %s', self.source.what,
                      self._restart_reason)

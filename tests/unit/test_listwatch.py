@@ -391,6 +391,35 @@ def test_the_backoff_starts_over_once_the_api_answers(server, run):
     server.start()
 
 
+def test_an_error_answer_after_an_outage_starts_the_backoff_over(server_with_token, run,
+                                                                     tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('s3cret\n')
+    h = run(server_with_token, token_file=str(token), backoff_initial=0.01, backoff_max=30)
+    server_with_token.stop()
+    h.sink.wait_for(lambda s: len(h.timeline) >= 6, 'six failures while unreachable')
+    token.write_text('revoked\n')          # back, but refusing: 401 (1.20 says 403 a while)
+    os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
+    with h.sink.cond:
+        outage = len(h.timeline)
+    server_with_token.start()
+    h.sink.wait_for(lambda s: len(h.timeline) >= outage + 4, 'refusals')
+    with h.sink.cond:
+        grown = h.timeline[outage - 1][1]
+        waits = [t for _, t in h.timeline[outage:]]
+    # Started over at the first refusal (grown waits before it at most) ...
+    assert grown > 0.01 and min(waits) <= 0.01
+    assert waits[-1] > 0.01             # ... and growing again with the refusals that follow
+    assert h.thread.is_alive()
+
+
+@pytest.fixture
+def server_with_token():
+    srv = apiserver.APIServer(token='s3cret')
+    yield srv
+    srv.close()
+
+
 def test_stop_event_cuts_a_quiet_watch(run):
     with apiserver.APIServer() as srv:
         h = run(srv, watch_timeout=300)
