@@ -392,7 +392,7 @@ def test_the_backoff_starts_over_once_the_api_answers(server, run):
 
 
 def test_an_error_answer_after_an_outage_starts_the_backoff_over(server_with_token, run,
-                                                                     tmp_path):
+                                                                 tmp_path):
     token = tmp_path / 'token'
     token.write_text('s3cret\n')
     h = run(server_with_token, token_file=str(token), backoff_initial=0.01, backoff_max=30)

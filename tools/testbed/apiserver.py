@@ -643,9 +643,12 @@ class APIServer:
     def _follow(self, resource, selector, cursor, epoch, timeout, bookmarks):
         """Yield watch events after ``cursor`` until timeout, stop() or lost history."""
         now = time.monotonic()
+        start = cursor
         deadline = now + timeout if timeout else None
-        # kube-apiserver sends one bookmark BOOKMARK_LEAD seconds before the
-        # watch's end (1.20), and from 1.21 on one a minute as well.
+        # kube-apiserver 1.20 sends one bookmark BOOKMARK_LEAD seconds before the
+        # watch's end, and only when it carries news: a version past the watch's
+        # start. (Later releases also send one a minute; ``bookmark_interval`` here
+        # sends them unconditionally, which tests use to see a stream is open.)
         last_bookmark = deadline - BOOKMARK_LEAD if bookmarks and deadline else None
         periodic = bookmarks and self.bookmark_interval
         next_bookmark = now + self.bookmark_interval if periodic else None
@@ -668,12 +671,13 @@ class APIServer:
             if entries:
                 cursor = entries[-1].rv
             now = time.monotonic()
-            if due and now >= min(due):
+            bookmark = False
+            if last_bookmark is not None and now >= last_bookmark:
+                bookmark, last_bookmark = cursor > start, None
+            if next_bookmark is not None and now >= next_bookmark:
+                bookmark, next_bookmark = True, now + self.bookmark_interval
+            if bookmark:
                 yield {'type': 'BOOKMARK', 'object': _bookmark_object(resource, cursor)}
-                if last_bookmark is not None and now >= last_bookmark:
-                    last_bookmark = None
-                if next_bookmark is not None and now >= next_bookmark:
-                    next_bookmark = now + self.bookmark_interval
 
     def _wait_for_entries(self, cursor, epoch, deadline, next_bookmark):
         """Block until there is news.
