@@ -11,11 +11,11 @@ is the same for every source:
 - lists are served from the API server's watch cache, never from etcd: the
   first asks for ``resourceVersion=0`` (any version), a relist for the last
   version seen (that one or newer, so the records never go back in time). A
-  list of one node's pods from etcd reads every pod of the cluster: with
-  5,000 pods it cost kube-apiserver 250 times the CPU of one from the cache
-  (see ``doc/source/scale.rst``). Only when the server says it cannot serve
-  that version (410, or "too large" after an etcd restore) does the next
-  list ask for the latest, from etcd;
+  list of one node's pods from etcd reads every pod of the cluster, so its
+  cost grows with the cluster, the cache's with the node (measured in
+  ``doc/source/scale.rst``). Only when the server says it cannot serve that
+  version (410, or "too large" after an etcd restore) does the next list ask
+  for the latest, from etcd;
 - failures back off with jitter; the backoff starts over once the server
   answers again (even with an error, after it was unreachable: kube-apiserver
   1.20 answers 403 for a moment after a restart, before its RBAC authorizer
