@@ -107,8 +107,18 @@ def node_factory(cluster):
         return made[-1]
 
     yield make
-    for node in made:
-        node.close()
+    token = cluster.token('daemon')
+    try:
+        for node in made:
+            # Whatever failed (403s, outages, restarts), the token never reached a log.
+            for name in ('daemon.log', 'daemon.stderr'):
+                path = os.path.join(node.workdir, name)
+                if os.path.exists(path):
+                    with open(path, errors='replace') as f:
+                        assert token not in f.read(), '%s of %s' % (name, node.name)
+    finally:
+        for node in made:
+            node.close()
 
 
 @pytest.fixture

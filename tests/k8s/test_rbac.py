@@ -69,6 +69,9 @@ def test_each_permission_is_needed(cluster, node_factory, tmp_path, triple):
         line = next(line for line in node.daemon_log().splitlines() if refusal in line)
         assert 'HTTP 403 Forbidden' in line and 'system:serviceaccount:kube-system:kuryr-cni' \
             in line, line
+        if triple[1] != 'events':       # and what was being watched
+            assert 'for the watch of %s of node %s' % (
+                'pods' if triple[1] == 'pods' else 'KuryrPorts', node.name) in line, line
         assert cluster.refused(since), behaviour
     finally:
         cluster.set_daemon_rules(full)
