@@ -3,9 +3,21 @@
 #
 #   docker build -t kuryr-cni:latest .
 #
-# The image runs the daemon; at start its entrypoint installs the CNI shim
-# (shim/kuryr-cni, stdlib-only; `kuryr-cni --install`) into the host's CNI bin
-# dir, where the runtime executes it with the HOST's /usr/bin/python3.
+# The image runs the daemon; at start its entrypoint installs the CNI shim, a
+# static executable built here from shim/ (Go, standard library only), into the
+# host's CNI bin dir, where the runtime executes it: the node needs nothing
+# else, no Python.
+
+# The shim, built as tools/build-shim builds it everywhere: Debian's Go, offline.
+FROM debian:bookworm-slim AS shim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends golang-go \
+    && rm -rf /var/lib/apt/lists/*
+COPY shim /src/shim
+COPY kuryr_cni/version.py /src/kuryr_cni/version.py
+COPY tools/build-shim tools/go-env /src/tools/
+RUN /src/tools/build-shim /kuryr-cni
+
 
 # Build wheels for the package and its dependencies, so that the repository
 # checkout (.git, tests, docs) never reaches the final image.
@@ -26,7 +38,7 @@ RUN pip install --no-index --find-links /tmp/wheels kuryr-cni \
     && rm -rf /tmp/wheels
 
 # The shim waits here until the entrypoint copies it to the host.
-COPY shim/kuryr-cni /opt/cni-bin-stage/kuryr-cni
+COPY --from=shim /kuryr-cni /opt/cni-bin-stage/kuryr-cni
 COPY tools/container-entrypoint.sh /usr/local/bin/kuryr-cni-entrypoint
 RUN chmod 0755 /opt/cni-bin-stage/kuryr-cni /usr/local/bin/kuryr-cni-entrypoint
 

@@ -23,7 +23,7 @@
 # DevStack sources this file (it is never executed) once per phase, with the
 # mode and the phase as arguments, after devstack/settings:
 #
-#     stack install      pip-install the package, install the CNI shim
+#     stack install      pip-install the package, build and install the CNI shim
 #     stack post-config  write the daemon's config file and the CNI conflist
 #     stack extra        start kuryr-cni-daemon, wait until /ready answers 200
 #     unstack            stop kuryr-cni-daemon
@@ -66,16 +66,14 @@ function kuryr_cni_install_atomic {
 
 # stack install
 function install_kuryr_cni {
-    local shim=$KURYR_CNI_HOME/shim/kuryr-cni
-    [[ -f "$shim" ]] || die $LINENO "CNI shim not found at $shim"
-
     setup_develop "$KURYR_CNI_HOME"
 
+    # The CNI shim: a static executable built from shim/ (Go, offline),
+    # replaced atomically: the runtime may exec it at any moment.
+    install_package golang-go
+    "$KURYR_CNI_HOME/tools/build-shim" || die $LINENO "Cannot build the CNI shim"
     sudo install -d -m 0755 "$CNI_BIN_DIR"
-    # A launcher plus the shim compiled ahead, each replaced atomically: the
-    # runtime may exec it at any moment (see `kuryr-cni --install`).
-    sudo "$shim" --install "$CNI_BIN_DIR" >/dev/null || \
-        die $LINENO "Cannot install the CNI shim into $CNI_BIN_DIR"
+    kuryr_cni_install_atomic "$KURYR_CNI_HOME/shim/kuryr-cni" "$CNI_BIN_DIR/kuryr-cni" 0755
 }
 
 # Write the CNI network configuration list read by the container runtime.
@@ -225,7 +223,6 @@ function kuryr_cni_remove_dir {
 # clean
 function cleanup_kuryr_cni {
     sudo rm -f -- "$CNI_BIN_DIR/kuryr-cni" "$CNI_CONF_DIR/$KURYR_CNI_CONFLIST_NAME"
-    kuryr_cni_remove_dir "$CNI_BIN_DIR/.kuryr-cni"
     sudo rm -f -- "$KURYR_CNI_CONF"
     # Only if empty: an operator may keep other files (a kubeconfig) there.
     sudo rmdir --ignore-fail-on-non-empty -- "$(dirname "$KURYR_CNI_CONF")" 2>/dev/null || true

@@ -15,26 +15,40 @@ cni_daemon_opts = [
                help='Name of this node as Kubernetes knows it; only pods with '
                     'spec.nodeName equal to it are watched.'),
     cfg.StrOpt('socket', default='/run/kuryr-cni/daemon.sock',
-               help='Unix socket the CNI shim talks to. Its directory is created '
-                    '0700 and the socket 0600; both must belong to root.'),
-    cfg.StrOpt('bind_address', default=None,
-               help='Optional extra TCP listener, "127.0.0.1:5036" style. Off '
-                    'by default; only loopback addresses are accepted.'),
+               help='Unix socket the CNI shim talks to, the only way into the '
+                    'daemon\'s CNI API. Its directory is created 0700 and the '
+                    'socket 0600; both must belong to root, and a connection '
+                    'from any other uid is closed unanswered.'),
     cfg.IntOpt('worker_count', default=4, min=1, max=64,
                help='Number of pre-forked CNI worker processes.'),
     cfg.IntOpt('worker_concurrency', default=32, min=1, max=1024,
-               help='Requests one worker serves at once; further connections '
-                    'wait in the listen backlog for a free worker.'),
+               help='Requests one worker serves at once (its request threads). '
+                    'A worker accepts connections only while one of them is '
+                    'free; further connections wait in the listen backlog for '
+                    'a free worker.'),
+    cfg.IntOpt('worker_connections', default=128, min=2, max=4096,
+               help='Connections one worker reads requests from (or writes '
+                    'answers to) at once, besides the requests it serves. At '
+                    'the cap, the connection accepted longest ago whose request '
+                    'is still incomplete is dropped to make room for a new one. '
+                    'While every worker is at its cap the daemon is not ready '
+                    '("CNI socket saturated"). Each connection takes a file '
+                    'descriptor of the worker.'),
     cfg.IntOpt('vif_timeout', default=60, min=1, max=600,
                help='Seconds an ADD waits for its pod and every VIF of it to be '
                     'present and active before failing with CNI code 11.'),
     cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
                help='Deadline of one CNI request inside the daemon, in seconds. '
                     'Keep it under the shim\'s "timeout" (110) and kubelet\'s 120.'),
+    cfg.IntOpt('client_head_timeout', default=2, min=1, max=60,
+               help='Seconds a client of the CNI socket has, once accepted, to '
+                    'send its request line and headers (the shim sends its '
+                    'whole request at once). A client that sends nothing, or '
+                    'trickles, is dropped after it.'),
     cfg.IntOpt('client_timeout', default=15, min=1, max=300,
-               help='Seconds a client of the CNI socket has to send its whole '
-                    'request once connected. A client that sends nothing, or '
-                    'trickles, is dropped after it, freeing its worker slot.'),
+               help='Seconds a client of the CNI socket has, once accepted, to '
+                    'send its whole request, body included (at least '
+                    'client_head_timeout).'),
     cfg.StrOpt('state_dir', default='/var/lib/kuryr-cni',
                help='Where pod bindings, per-pod lock files and the shim\'s DEL '
                     'queue live. Must match the CNI config\'s "state_dir".'),

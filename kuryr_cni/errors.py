@@ -63,6 +63,14 @@ class LimitedConnectivity(CNIError):
     code, http_status, retry = 51, 503, True
 
 
+class StateFailure(TryAgainLater):
+    """The state dir refused a read or write (full, read-only, failing disk)."""
+
+
+class UnreadableState(IOFailure):
+    """A state file this release cannot read (written by a newer one); left untouched."""
+
+
 class BodyTooLarge(CNIError):
     """The request body exceeds the daemon's limit (an input error)."""
 

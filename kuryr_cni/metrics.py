@@ -37,6 +37,8 @@ class Spec(typing.NamedTuple):
 COMMANDS = ('ADD', 'DEL', 'CHECK', 'GC', 'STATUS')
 RESULTS = ('success', 'noop', 'stale', 'error')
 SERVICES = ('watcher', 'cni-worker', 'ops')     # kuryr_cni.daemon.main's children
+SERVERS = ('cni', 'health', 'metrics')          # kuryr_cni.daemon.server instances, by name
+DROP_REASONS = ('peer_uid', 'head_timeout', 'request_timeout', 'write_timeout', 'evicted')
 
 
 # The daemon's metric set (DESIGN 4.4); doc/source/operations.rst lists it for
@@ -69,6 +71,19 @@ SPECS = (
          known=(SERVICES,)),
     Spec('del_replayed', 'counter', 'kuryr_cni_queued_del_replayed_total',
          'DELs queued by the shim and replayed at start.'),
+    Spec('set_aside', 'counter', 'kuryr_cni_state_files_set_aside_total',
+         'State files that were not valid records, moved aside, by kind.', ('kind',),
+         known=(('binding', 'del_queue'),)),
+    Spec('connections_open', 'gauge', 'kuryr_cni_connections_open',
+         'Connections whose request is being read or answer written (what the cap '
+         'counts), by server.',
+         ('server',), {'multiprocess_mode': 'livesum'}, known=(SERVERS,)),
+    Spec('connections_limit', 'gauge', 'kuryr_cni_connections_limit',
+         'The connection caps of the serving processes, summed, by server.',
+         ('server',), {'multiprocess_mode': 'livesum'}, known=(SERVERS,)),
+    Spec('connections_dropped', 'counter', 'kuryr_cni_connections_dropped_total',
+         'Connections closed without an answer, by server and reason.', ('server', 'reason'),
+         known=(SERVERS, DROP_REASONS)),
 )
 
 
@@ -135,6 +150,26 @@ def worker_restarted(service):
 def del_replayed():
     if _m:
         _m.del_replayed.inc()
+
+
+def state_file_set_aside(kind):
+    if _m:
+        _m.set_aside.labels(kind).inc()
+
+
+def connections_open(server, count):
+    if _m:
+        _m.connections_open.labels(server).set(count)
+
+
+def connections_limit(server, count):
+    if _m:
+        _m.connections_limit.labels(server).set(count)
+
+
+def connection_dropped(server, reason):
+    if _m:
+        _m.connections_dropped.labels(server, reason).inc()
 
 
 def process_dead(pid):

@@ -66,6 +66,7 @@ import stat
 import threading
 
 import pyroute2
+from pyroute2.netlink.exceptions import NetlinkError
 
 from kuryr_cni import errors
 
@@ -374,3 +375,31 @@ class _BoundedLoop(asyncio.SelectorEventLoop):
     def drain(self):
         """Run the callbacks already scheduled (transport teardown)."""
         super().run_until_complete(asyncio.sleep(0))
+
+
+@contextlib.contextmanager
+def kernel_errors(action):
+    """Turn a kernel refusal raised in the block into :class:`errors.BindingFailed`.
+
+    ``action`` says what was being done ("create veth kc1234 in ...");
+    the netlink or OS error goes into ``details``. CNI errors (timeouts,
+    invalid namespaces) pass through unchanged.
+    """
+    try:
+        yield
+    except errors.CNIError:
+        raise
+    except (NetlinkError, OSError) as exc:
+        raise errors.BindingFailed('failed to %s' % action, describe(exc)) from exc
+
+
+def describe(exc):
+    """The error number and text of a netlink or OS error, for ``details``."""
+    if isinstance(exc, NetlinkError):
+        name = os.strerror(exc.code)
+        text = exc.args[1] if len(exc.args) > 1 else None
+        extra = ': %s' % text if text and text != name else ''
+        return 'netlink error %d (%s)%s' % (exc.code, name, extra)
+    if isinstance(exc, OSError) and exc.errno:
+        return 'error %d (%s)' % (exc.errno, exc.strerror or os.strerror(exc.errno))
+    return str(exc)

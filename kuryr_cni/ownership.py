@@ -1,40 +1,35 @@
 """The ownership rules of DESIGN §3: which sandbox may touch a pod's network.
 
-A pod binding (persisted per pod by :class:`kuryr_cni.state.BindingStore`)::
-
-    {"pod": "ns/name", "owner": <container ID or null>, "uid": <owner's pod UID>,
-     "sandboxes": {<container ID>: {"netns": path, "uid": ...,
-                                    "attachments": {"<network>/<CNI_IFNAME>": {
-                                        "state": "plugging" | "ready",
-                                        "interfaces": [{"ifname", "vif", "default_route"}],
-                                        "result": {...}}}}}}
-
-Rules, all applied under the pod's flock (:mod:`kuryr_cni.podlock`):
+A pod's :class:`kuryr_cni.records.Binding` (persisted per pod by
+:class:`kuryr_cni.state.BindingStore`) names the owner sandbox and keeps a
+record of every sandbox whose devices may still exist. Rules, all applied
+under the pod's flock (:mod:`kuryr_cni.podlock`):
 
 * ADD(B) waits (unlocked) until the watcher shows the pod's incarnation, then
   records B as owner and persists that before anything is plugged; evicts every
   other sandbox's devices (by their records, which stay persisted until the
   devices are gone); waits (unlocked) for the VIFs; and, still owner, records
-  the attachment as ``plugging``, plugs, and records it ``ready``.
+  the attachment as ``plugging``, plugs, and records it ``ready``. A sandbox's
+  namespace is fixed by its first ADD: an ADD naming another one is refused
+  (code 4) and changes nothing.
 * DEL(A) from the owner unplugs A and clears the binding. DEL(A) from anyone
   else touches nothing of the owner's: it removes only what is provably A's and
   is counted as a rejected stale DEL. An unknown A is a successful no-op.
   "No owner recorded" never matches everything.
 
-This module decides; the drivers in :mod:`kuryr_cni.binding` touch the kernel.
+This module decides; every effect on the kernel goes through the port it is
+given (:class:`kuryr_cni.kernel.Kernel` in the daemon).
 """
 
 import time
 
 from oslo_log import log as logging
 
-from kuryr_cni import binding as drivers
 from kuryr_cni import errors
 from kuryr_cni import metrics
-from kuryr_cni import netns
-from kuryr_cni import podview
+from kuryr_cni import records
 from kuryr_cni import vif as vif_model
-from kuryr_cni.binding import base
+from kuryr_cni.binding import Plug
 from kuryr_cni.cni import prevresult
 from kuryr_cni.cni import result as cni_result
 
@@ -46,20 +41,20 @@ _POLL_MAX = 0.1
 
 
 class Ownership:
-    def __init__(self, registry, store, locks, vif_timeout, host_netns=None,
-                 binding_options=None, events=None):
+    """The rules, over a registry, a binding store, pod locks and a kernel port."""
+
+    def __init__(self, registry, store, locks, kernel, vif_timeout, events=None):
         self.registry = registry
         self.store = store
         self.locks = locks
+        self.kernel = kernel        # kuryr_cni.kernel.Kernel, or a stand-in with its methods
         self.vif_timeout = vif_timeout
-        self.host_netns = host_netns
-        self.binding_options = binding_options   # kuryr_cni.binding.Options; None: defaults
         self.events = events     # kuryr_cni.events.EventPoster, or None: no Kubernetes Events
 
     # ADD ------------------------------------------------------------------
 
     def add(self, req, deadline):
-        netns.check_netns(req.netns, host=self.host_netns)
+        self.kernel.check_netns(req.netns)
         pod = req.pod
         self.registry.status.add_started(req.container_id, time.time())
         try:
@@ -72,14 +67,15 @@ class Ownership:
             with self.locks.hold(pod.key, deadline) as remove_lock:
                 binding = self._load(pod.key)
                 try:
+                    self._refuse_moved_sandbox(binding, req)
                     free_names = self._refuse_foreign_ifname(binding, req)
                 except errors.CNIError:
-                    if not binding['sandboxes']:
+                    if not binding.sandboxes:
                         remove_lock()   # a refused first ADD leaves no trace
                     raise
                 # Persist the claim before evicting anyone (DESIGN §3); with
                 # nothing to evict, the 'plugging' write below persists it.
-                evicting = len(binding['sandboxes']) > (req.container_id in binding['sandboxes'])
+                evicting = len(binding.sandboxes) > (req.container_id in binding.sandboxes)
                 self._claim(binding, req, save=vifs is None or evicting)
                 self._evict_others(binding, req.container_id)
                 if vifs is not None:
@@ -94,10 +90,10 @@ class Ownership:
             metrics.vif_waited(time.monotonic() - started)
             with self.locks.hold(pod.key, deadline):
                 binding = self._load(pod.key)
-                if binding['owner'] != req.container_id:
+                if binding.owner != req.container_id:
                     raise errors.TryAgainLater(
                         'sandbox %s was replaced by %s while waiting for VIFs'
-                        % (req.container_id, binding['owner']))
+                        % (req.container_id, binding.owner))
                 return self._plug(binding, req, vifs)
         finally:
             self.registry.status.add_finished(req.container_id)
@@ -138,25 +134,37 @@ class Ownership:
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
 
+    def _refuse_moved_sandbox(self, binding, req):
+        """Refuse an ADD naming another namespace than its sandbox's record.
+
+        A sandbox's namespace never changes: the same container ID with another
+        CNI_NETNS is a runtime's mistake (or worse), and following it would
+        plug into, and evict from, someone else's pod.
+        """
+        sandbox = binding.sandboxes.get(req.container_id)
+        if sandbox is not None and sandbox.netns != req.netns:
+            raise errors.InvalidEnvironment(
+                'sandbox %s of pod %s lives in %s, not in %s'
+                % (req.container_id, binding.pod, sandbox.netns, req.netns),
+                'a sandbox\'s network namespace cannot change; nothing was touched')
+
     def _claim(self, binding, req, save=True):
         """Record ``req``'s sandbox as the owner; ``save=False``: the caller persists it."""
         cid = req.container_id
-        sandbox = binding['sandboxes'].setdefault(
-            cid, {'netns': req.netns, 'uid': req.pod.uid, 'attachments': {}})
-        if binding['owner'] == cid and sandbox['netns'] == req.netns:
+        binding.sandboxes.setdefault(cid, records.Sandbox(cid, req.netns, req.pod.uid))
+        if binding.owner == cid:
             return
-        if binding['owner'] not in (None, cid):
-            LOG.info('Pod %s: sandbox %s replaces %s', binding['pod'], cid, binding['owner'])
-        sandbox['netns'] = req.netns
-        binding.update(owner=cid, uid=req.pod.uid)
+        if binding.owner is not None:
+            LOG.info('Pod %s: sandbox %s replaces %s', binding.pod, cid, binding.owner)
+        binding.owner, binding.uid = cid, req.pod.uid
         if save:
             self._save(binding)
 
     def _evict_others(self, binding, owner):
-        for cid in [c for c in binding['sandboxes'] if c != owner]:
+        for cid in [c for c in binding.sandboxes if c != owner]:
             self._unplug_sandbox(binding, cid)
             metrics.sandbox_evicted()
-            LOG.info('Pod %s: evicted the devices of previous sandbox %s', binding['pod'], cid)
+            LOG.info('Pod %s: evicted the devices of previous sandbox %s', binding.pod, cid)
 
     def _plug(self, binding, req, vifs, free_names=frozenset()):
         """Plug ``vifs``; ``free_names``: pod interface names found free in this lock hold.
@@ -164,34 +172,36 @@ class Ownership:
         Eviction, the only change since, frees names and takes none, so they
         need not be listed again (each listing enters the namespace).
         """
-        sandbox = binding['sandboxes'][req.container_id]
-        key = '%s/%s' % (req.network, req.ifname)
+        sandbox = binding.sandboxes[req.container_id]
+        key = (req.network, req.ifname)
         interfaces = _interfaces(vifs, req.ifname)
-        previous = sandbox['attachments'].get(key)
-        if previous is None:
-            unchecked = [i for i in interfaces if i['ifname'] not in free_names]
-            if unchecked:
-                self._refuse_taken_names(req, unchecked)
-        else:
-            self._unplug_interfaces(req.container_id, sandbox['netns'], [
-                i for i in previous['interfaces']
-                if i['ifname'] not in {n['ifname'] for n in interfaces}])
+        previous = sandbox.attachments.get(key)
+        recorded = {i.ifname for i in previous.interfaces} if previous else set()
+        unchecked = [i for i in interfaces
+                     if i.ifname not in free_names and i.ifname not in recorded]
+        if unchecked:
+            self._refuse_taken_names(req, [i.ifname for i in unchecked])
+        if previous is not None:
+            wanted = {i.ifname for i in interfaces}
+            self._unplug_interfaces(req.container_id, sandbox.netns,
+                                    [i for i in previous.interfaces if i.ifname not in wanted])
         # added_at lets a GC that began earlier spare it (see collect).
-        attachment = {'state': 'plugging', 'interfaces': interfaces, 'added_at': time.time()}
-        sandbox['attachments'][key] = attachment
+        attachment = records.Attachment(req.network, req.ifname, interfaces,
+                                        added_at=time.time())
+        sandbox.attachments[key] = attachment
         self._save(binding)
         try:
             self._connect_all(req, interfaces)
         except Exception:
-            del sandbox['attachments'][key]
+            del sandbox.attachments[key]
             self._save(binding)
             raise
-        plugged = [(i['ifname'], vif_model.VIF.from_dict(i['vif']), i['default_route'])
-                   for i in interfaces]
-        result = cni_result.build(req.cni_version, req.netns, plugged, req.prev_result)
-        attachment.update(state='ready', result=result)
+        plugged = [(i.ifname, i.vif, i.default_route) for i in interfaces]
+        attachment.result = cni_result.build(req.cni_version, req.netns, plugged,
+                                             req.prev_result)
+        attachment.state = records.READY
         self._save(binding)
-        return result
+        return attachment.result
 
     def _refuse_foreign_ifname(self, binding, req):
         """Refuse CNI_IFNAME taken in the netns by anything but this attachment.
@@ -201,15 +211,20 @@ class Ownership:
         attachment is not refused: its record says the name is its own.
         Returns the names found free (none when nothing was checked).
         """
-        sandbox = binding['sandboxes'].get(req.container_id) or {}
-        if '%s/%s' % (req.network, req.ifname) in sandbox.get('attachments', {}):
+        sandbox = binding.sandboxes.get(req.container_id)
+        if sandbox is not None and (req.network, req.ifname) in sandbox.attachments:
             return frozenset()
-        self._refuse_taken_names(req, [{'ifname': req.ifname}])
+        self._refuse_taken_names(req, [req.ifname])
         return frozenset([req.ifname])
 
-    def _refuse_taken_names(self, req, interfaces):
-        taken = netns.link_names(req.netns, host=self.host_netns) & {
-            i['ifname'] for i in interfaces}
+    def _refuse_taken_names(self, req, names):
+        """Refuse when any of the interface ``names`` exists in the pod netns.
+
+        An interface tagged for this very sandbox and name is no obstacle: it is
+        what an earlier ADD of it left, which plugging replaces.
+        """
+        taken = {name for name in self.kernel.link_names(req.netns) & set(names)
+                 if self.kernel.link_owner(req.netns, name) != (req.container_id, name)}
         if taken:
             raise errors.InvalidEnvironment(
                 'interface %s already exists in %s for another attachment'
@@ -220,21 +235,19 @@ class Ownership:
         try:
             for interface in interfaces:
                 plug = _plug_of(req.container_id, req.netns, interface)
-                vif = vif_model.VIF.from_dict(interface['vif'])
                 done.append((interface, plug))
-                driver = drivers.get_driver(vif.kind, self.host_netns, self.binding_options)
-                driver.connect(vif, plug)
+                self.kernel.connect(interface.vif, plug)
         except Exception:
             for interface, plug in reversed(done):
-                self._disconnect(interface, plug)
+                self.kernel.disconnect(interface.vif.kind, plug)
             raise
 
     # DEL ------------------------------------------------------------------
 
     def delete(self, req, deadline):
         """Apply DEL; returns the outcome counted: success, noop or stale."""
-        if req.netns and netns.exists(req.netns):   # a DEL may come after the netns is gone
-            netns.check_netns(req.netns, host=self.host_netns)
+        if req.netns and self.kernel.netns_exists(req.netns):   # it may be gone already
+            self.kernel.check_netns(req.netns)
         pod_key = req.pod.key if req.pod else self._find_container(req.container_id)
         if pod_key is None:
             self._remove_tagged(req)
@@ -246,26 +259,26 @@ class Ownership:
                 remove_lock()
                 return 'noop'
             outcome = self._judge_delete(binding, req)
-            if not binding['sandboxes']:
+            if not binding.sandboxes:
                 self._forget(binding, remove_lock)
             return outcome
 
     def _judge_delete(self, binding, req):
         cid = req.container_id
-        sandbox = binding['sandboxes'].get(cid)
-        if binding['owner'] == cid:
-            self._unplug_attachment(binding, cid, '%s/%s' % (req.network, req.ifname))
-            if not sandbox['attachments']:
-                binding.update(owner=None)
-                for other in list(binding['sandboxes']):
+        sandbox = binding.sandboxes.get(cid)
+        if binding.owner == cid:
+            self._unplug_attachment(binding, cid, (req.network, req.ifname))
+            if not sandbox.attachments:
+                binding.owner = None
+                for other in list(binding.sandboxes):
                     self._unplug_sandbox(binding, other, save=False)
             # A record is dropped only once its devices are gone, so one write at
             # the end is as safe as one per sandbox; an emptied binding is not
             # written at all: delete() removes its file.
-            if binding['sandboxes']:
+            if binding.sandboxes:
                 self._save(binding)
             return 'success'
-        if binding['owner'] is None:
+        if binding.owner is None:
             if sandbox is None:
                 self._remove_tagged(req)
                 return 'noop'
@@ -273,15 +286,15 @@ class Ownership:
             return 'success'
         reason = _stale_reason(binding, req)
         LOG.warning('Rejected stale DEL of pod %s from sandbox %s: owner is %s (%s)',
-                    binding['pod'], cid, binding['owner'], reason)
+                    binding.pod, cid, binding.owner, reason)
         if sandbox is not None:
             self._unplug_sandbox(binding, cid)    # an earlier eviction that did not finish
         else:
             self._remove_tagged(req)
         metrics.stale_del_rejected(reason)
         self.registry.stale_dels.record({
-            'time': time.time(), 'pod': binding['pod'], 'container_id': cid,
-            'ifname': req.ifname, 'owner': binding['owner'], 'reason': reason})
+            'time': time.time(), 'pod': binding.pod, 'container_id': cid,
+            'ifname': req.ifname, 'owner': binding.owner, 'reason': reason})
         return 'stale'
 
     def _find_container(self, container_id):
@@ -290,21 +303,20 @@ class Ownership:
             # The mirror lags the files only if a worker died between the two
             # writes; DELs without pod identity are rare, so scan the files.
             for binding in self.store.load_all().values():
-                if container_id in binding['sandboxes']:
-                    return binding['pod']
+                if container_id in binding.sandboxes:
+                    return binding.pod
         return key
 
     def _remove_tagged(self, req):
         """Remove host devices provably of ``req``'s sandbox: named and tagged for it."""
         if req.ifname:
-            drivers.remove_tagged_host_device(req.container_id, req.ifname, self.host_netns,
-                                              self.binding_options)
+            self.kernel.remove_tagged(req.container_id, req.ifname)
 
     # CHECK ----------------------------------------------------------------
 
     def check(self, req, deadline):
         """CHECK: owner state, then the kernel against the VIFs and against prevResult."""
-        netns.check_netns(req.netns, host=self.host_netns)
+        self.kernel.check_netns(req.netns)
         if not req.prev_result:
             raise errors.InvalidConfig('CHECK needs prevResult, the result of the ADD')
         pod_key = req.pod.key if req.pod else self._find_container(req.container_id)
@@ -312,13 +324,12 @@ class Ownership:
             raise errors.UnknownContainer('container %s has no attachment here' % req.container_id)
         with self.locks.hold(pod_key, deadline):
             attachment = self._owned_attachment(self.store.load(pod_key), req)
-            for interface in attachment['interfaces']:
-                vif = vif_model.VIF.from_dict(interface['vif'])
-                plug = _plug_of(req.container_id, req.netns, interface)
-                drivers.get_driver(vif.kind, self.host_netns, self.binding_options).check(vif, plug)
-            view = podview.observe(req.netns, host=self.host_netns)
+            for interface in attachment.interfaces:
+                self.kernel.check(interface.vif,
+                                  _plug_of(req.container_id, req.netns, interface))
+            view = self.kernel.observe(req.netns)
         problems = prevresult.differences(
-            req.prev_result, req.netns, [i['ifname'] for i in attachment['interfaces']], view)
+            req.prev_result, req.netns, [i.ifname for i in attachment.interfaces], view)
         if problems:
             raise errors.CheckFailed('the pod network differs from prevResult',
                                      '; '.join(problems))
@@ -331,22 +342,22 @@ class Ownership:
         failed CHECK, which a DEL must follow.
         """
         cid = req.container_id
-        if binding is None or cid not in binding['sandboxes']:
+        if binding is None or cid not in binding.sandboxes:
             raise errors.UnknownContainer('container %s has no attachment here' % cid)
-        if binding['owner'] != cid:
-            raise errors.CheckFailed('sandbox %s no longer owns pod %s' % (cid, binding['pod']),
-                                     'owner: %s' % binding['owner'])
-        sandbox = binding['sandboxes'][cid]
-        attachment = sandbox['attachments'].get('%s/%s' % (req.network, req.ifname))
+        if binding.owner != cid:
+            raise errors.CheckFailed('sandbox %s no longer owns pod %s' % (cid, binding.pod),
+                                     'owner: %s' % binding.owner)
+        sandbox = binding.sandboxes[cid]
+        attachment = sandbox.attachments.get((req.network, req.ifname))
         if attachment is None:
             raise errors.UnknownContainer('no attachment %s/%s for container %s'
                                           % (req.network, req.ifname, cid))
-        if attachment['state'] != 'ready':
+        if attachment.state != records.READY:
             raise errors.CheckFailed('attachment %s/%s of container %s was never completed'
                                      % (req.network, req.ifname, cid))
-        if sandbox['netns'] != req.netns:
+        if sandbox.netns != req.netns:
             raise errors.CheckFailed('attachment lives in %s, not %s'
-                                     % (sandbox['netns'], req.netns))
+                                     % (sandbox.netns, req.netns))
         return attachment
 
     # GC -------------------------------------------------------------------
@@ -361,13 +372,12 @@ class Ownership:
         in_flight = self._adds_in_flight(max_add_age)
         stale = []
         for binding in self.store.load_all().values():
-            for cid, sandbox in binding['sandboxes'].items():
+            for cid, sandbox in binding.sandboxes.items():
                 if cid in in_flight:
                     continue
-                for key in sandbox['attachments']:
-                    net, _, ifname = key.partition('/')
+                for net, ifname in sandbox.attachments:
                     if net == network and (cid, ifname) not in valid:
-                        stale.append((binding['pod'], cid, ifname))
+                        stale.append((binding.pod, cid, ifname))
         return stale
 
     def collect(self, req, deadline, since, max_add_age):
@@ -384,19 +394,19 @@ class Ownership:
             if binding is None:
                 remove_lock()
                 return 'noop'
-            sandbox = binding['sandboxes'].get(req.container_id) or {}
-            attachment = sandbox.get('attachments', {}).get('%s/%s' % (req.network, req.ifname))
+            sandbox = binding.sandboxes.get(req.container_id)
+            attachment = sandbox.attachments.get((req.network, req.ifname)) if sandbox else None
             if attachment is None:
                 return 'noop'
             if (req.container_id in self._adds_in_flight(max_add_age)
-                    or attachment.get('added_at', 0) >= since):
+                    or attachment.added_at >= since):
                 LOG.info('GC spares %s/%s of pod %s: its ADD is in flight or newer than the GC',
                          req.container_id, req.ifname, pod_key)
                 return 'spared'
             LOG.info('GC removes stale attachment %s/%s of pod %s',
                      req.container_id, req.ifname, pod_key)
             outcome = self._judge_delete(binding, req)
-            if not binding['sandboxes']:
+            if not binding.sandboxes:
                 self._forget(binding, remove_lock)
             return outcome
 
@@ -406,53 +416,46 @@ class Ownership:
     # Shared steps ----------------------------------------------------------
 
     def _load(self, pod_key):
-        binding = self.store.load(pod_key)
-        if binding is None:
-            binding = {'pod': pod_key, 'owner': None, 'uid': None, 'sandboxes': {}}
-        return binding
+        return self.store.load(pod_key) or records.Binding(pod_key)
 
     def _save(self, binding):
-        self.store.save(binding['pod'], binding)
-        self.registry.bindings.put(binding['pod'], binding)
+        self.store.save(binding)
+        self.registry.bindings.put(binding.pod, binding)
 
     def _forget(self, binding, remove_lock):
-        self.store.remove(binding['pod'])
-        self.registry.bindings.drop(binding['pod'])
+        self.store.remove(binding.pod)
+        self.registry.bindings.drop(binding.pod)
         remove_lock()
 
     def _unplug_attachment(self, binding, cid, key):
-        sandbox = binding['sandboxes'][cid]
-        attachment = sandbox['attachments'].get(key)
+        sandbox = binding.sandboxes[cid]
+        attachment = sandbox.attachments.get(key)
         if attachment is not None:
-            self._unplug_interfaces(cid, sandbox['netns'], attachment['interfaces'])
-            del sandbox['attachments'][key]
-        if not sandbox['attachments'] and binding['owner'] != cid:
-            del binding['sandboxes'][cid]
+            self._unplug_interfaces(cid, sandbox.netns, attachment.interfaces)
+            del sandbox.attachments[key]
+        if not sandbox.attachments and binding.owner != cid:
+            del binding.sandboxes[cid]
 
     def _unplug_sandbox(self, binding, cid, save=True):
         """Remove every device of sandbox ``cid``; drop its record only after.
 
         ``save=False`` leaves persisting the smaller binding to the caller.
         """
-        sandbox = binding['sandboxes'][cid]
-        for attachment in sandbox['attachments'].values():
-            self._unplug_interfaces(cid, sandbox['netns'], attachment['interfaces'])
-        del binding['sandboxes'][cid]
+        sandbox = binding.sandboxes[cid]
+        for attachment in sandbox.attachments.values():
+            self._unplug_interfaces(cid, sandbox.netns, attachment.interfaces)
+        del binding.sandboxes[cid]
         if save:
             self._save(binding)
 
     def _unplug_interfaces(self, cid, sandbox_netns, interfaces):
-        if sandbox_netns and not netns.exists(sandbox_netns):
+        if sandbox_netns and not self.kernel.netns_exists(sandbox_netns):
             # Gone, or no namespace any more (a runtime unmounted it and left
             # the file): there is no pod side to reach, and refusing would make
             # the runtime retry a DEL that can never succeed.
             sandbox_netns = ''
         for interface in interfaces:
-            self._disconnect(interface, _plug_of(cid, sandbox_netns, interface))
-
-    def _disconnect(self, interface, plug):
-        kind = interface['vif']['kind']
-        drivers.get_driver(kind, self.host_netns, self.binding_options).disconnect(plug)
+            self.kernel.disconnect(interface.vif.kind, _plug_of(cid, sandbox_netns, interface))
 
 
 def _vifs_ready(record):
@@ -468,17 +471,18 @@ def _interfaces(vifs, cni_ifname):
     if len(named) != len(vifs):
         raise errors.InvalidVIF('CNI_IFNAME %s collides with another VIF of the pod' % cni_ifname)
     default = next((n for n, v in named.items() if v.default), cni_ifname)
-    return [{'ifname': name, 'vif': vif.to_dict(), 'default_route': name == default}
+    return [records.Interface(name, vif, name == default)
             for name, vif in sorted(named.items(), key=lambda item: item[0] != cni_ifname)]
 
 
 def _plug_of(cid, sandbox_netns, interface):
-    return base.Plug(cid, sandbox_netns or '', interface['ifname'], interface['default_route'])
+    return Plug(cid, sandbox_netns or '', interface.ifname, interface.default_route,
+                interface.vif.mac)
 
 
 def _stale_reason(binding, req):
-    owner = binding['sandboxes'].get(binding['owner'], {})
-    owner_uid = owner.get('uid') or binding.get('uid')
+    owner = binding.owner_sandbox
+    owner_uid = (owner.uid if owner else None) or binding.uid
     if req.pod and req.pod.uid and owner_uid and req.pod.uid != owner_uid:
         return 'pod_uid_mismatch'
     return 'container_id_mismatch'

@@ -16,6 +16,7 @@ import threading
 import time
 
 from kuryr_cni import errors
+from kuryr_cni import state
 
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.02
@@ -29,7 +30,7 @@ class PodLocks:
         self._never = threading.Event()
 
     def path(self, pod_key):
-        return os.path.join(self.directory, pod_key.replace('/', '_') + '.lock')
+        return os.path.join(self.directory, state.file_stem(pod_key) + '.lock')
 
     @contextlib.contextmanager
     def hold(self, pod_key, deadline):
@@ -57,7 +58,8 @@ class PodLocks:
     def _acquire(self, path, deadline):
         delay = _POLL_FIRST
         while True:
-            fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            with state.disk_errors(self.directory, 'open the pod lock %s' % path):
+                fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             try:
                 if self._try_lock(fd) and self._still_linked(fd, path):
                     return fd

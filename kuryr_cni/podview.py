@@ -9,7 +9,6 @@ import ipaddress
 import socket
 
 from kuryr_cni import netns
-from kuryr_cni.binding import base
 
 RT_TABLE_MAIN = 254
 
@@ -23,7 +22,7 @@ def observe(path, host=None):
     :class:`errors.BindingFailed` when the kernel refuses a dump.
     """
     with netns.open_netns(path, host=host) as fd, netns.iproute(fd) as ipr, \
-            base.kernel_errors('read the interfaces of %s' % path):
+            netns.kernel_errors('read the interfaces of %s' % path):
         names = {}
         links = {}
         for link in ipr.get_links():

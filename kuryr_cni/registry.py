@@ -80,6 +80,7 @@ class StatusFacts:
     synced: bool
     shutting_down: bool
     watch_activity: float | None    # time.monotonic() of the last list, event or bookmark
+    saturated: frozenset = frozenset()   # (role, worker_id) whose connections are at the cap
 
     def of_role(self, role):
         """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
@@ -89,10 +90,11 @@ class StatusFacts:
 class StatusTable:
     """The daemon's health facts, each written and read through a method that says what it is.
 
-    Processes (the watcher, CNI workers, ops) register their pid and beat; the
-    parent records the heartbeat timeout, the watcher its sync state and the
-    moment of its last watch activity; ADDs register while in flight (a GC
-    spares them); the parent asks for a mirror resync when a CNI worker died.
+    Processes (the watcher, CNI workers, ops) register their pid and beat, CNI
+    workers whether their connections are at the cap; the parent records the
+    heartbeat timeout, the watcher its sync state and the moment of its last
+    watch activity; ADDs register while in flight (a GC spares them); the
+    parent asks for a mirror resync when a CNI worker died.
     Times are ``time.monotonic()`` readings (one clock for every process of
     the machine), except ADD start times, which are ``time.time()`` like the
     ``added_at`` of attachments they are compared with.
@@ -107,6 +109,7 @@ class StatusTable:
         self._watch_activity = None
         self._adds = {}             # container ID -> time.time() its ADD started
         self._resync_requested = False
+        self._saturated = set()     # (role, worker_id)
 
     def server_pid(self):
         """The pid of the Manager process (this method runs in it)."""
@@ -118,6 +121,7 @@ class StatusTable:
         """A new process of ``role``: it counts as serving until its first beat is due."""
         with self._lock:
             self._processes[(role, worker_id)] = ProcessBeat(pid, now)
+            self._saturated.discard((role, worker_id))
 
     def beat(self, role, worker_id, now):
         with self._lock:
@@ -129,6 +133,14 @@ class StatusTable:
         with self._lock:
             known = self._processes.get((role, worker_id))
             return known.pid if known else None
+
+    def set_saturated(self, role, worker_id, saturated):
+        """Whether the process's server has every connection slot taken (or room again)."""
+        with self._lock:
+            if saturated:
+                self._saturated.add((role, worker_id))
+            else:
+                self._saturated.discard((role, worker_id))
 
     def set_heartbeat_timeout(self, seconds):
         with self._lock:
@@ -190,11 +202,13 @@ class StatusTable:
             return StatusFacts(processes=dict(self._processes),
                                heartbeat_timeout=self._heartbeat_timeout,
                                synced=self._synced, shutting_down=self._shutting_down,
-                               watch_activity=self._watch_activity)
+                               watch_activity=self._watch_activity,
+                               saturated=frozenset(self._saturated))
 
 
 class BindingTable(_Table):
-    """Mirror of the persisted bindings, with an index by container ID."""
+    """Mirror of the persisted bindings (:class:`kuryr_cni.records.Binding`), indexed by
+    container ID."""
 
     def __init__(self):
         super().__init__()
@@ -218,7 +232,7 @@ class BindingTable(_Table):
     def _put(self, key, value):
         self._unindex(key)
         self._rows[key] = value
-        for container_id in value.get('sandboxes', {}):
+        for container_id in value.sandboxes:
             self._by_container[container_id] = key
 
     def find_container(self, container_id):
@@ -227,13 +241,11 @@ class BindingTable(_Table):
 
     def count_attachments(self):
         with self._lock:
-            return sum(len(sandbox.get('attachments', {}))
-                       for binding in self._rows.values()
-                       for sandbox in binding.get('sandboxes', {}).values())
+            return sum(binding.attachment_count() for binding in self._rows.values())
 
     def _unindex(self, key):
         old = self._rows.get(key)
-        for container_id in (old or {}).get('sandboxes', {}):
+        for container_id in (old.sandboxes if old else ()):
             if self._by_container.get(container_id) == key:
                 del self._by_container[container_id]
 

@@ -2,44 +2,80 @@
 
 Layout::
 
-    bindings/<namespace>_<name>.json   one pod binding (see kuryr_cni.ownership)
-    locks/<namespace>_<name>.lock      per-pod flock files (kuryr_cni.podlock)
+    bindings/<digest>.json             one pod binding (kuryr_cni.records)
+    locks/<digest>.lock                per-pod flock files (kuryr_cni.podlock)
     del-queue/<time_ns>-<pid>.json     DELs the shim could not deliver
 
-Every write is atomic: a temporary file in the same directory, fsync, rename,
-fsync of the directory. Readers therefore see the old or the new binding, never
-half of one. A file that does not parse is moved aside to ``*.corrupt`` and
-logged, never fatal. Temporary files are named ``.<...>.<writer pid>.tmp``
-(``.<time_ns>-<shim pid>.tmp`` in the DEL queue): one whose writer no longer
-runs is what a killed writer left, and readers remove it; one of a live writer
-is never touched, so a reader cannot break a write in progress. Shims may run
-in another pid namespace than the daemon, so a queue file must also be a
-minute old before its writer's pid is believed.
+``<digest>`` is a fixed-length digest of the pod key (:func:`file_stem`): a
+pod key of the longest legal names (316 characters) would not fit a file
+name. The key itself is kept inside the record, and a record whose key does
+not hash to its file's name is refused.
+
+Every write is atomic: a temporary file ``.<name>.<pid>.tmp`` in the same
+directory, fsync, rename, fsync of the directory, and the temporary file is
+removed when any step fails. Readers therefore see the old or the new binding,
+never half of one. A temporary file that a killed writer left is removed at
+start-up, whoever wrote it (:meth:`BindingStore.remove_temporaries`; pids are
+reused, so a pid says nothing after a restart), and later once it is a minute
+old; the shims' temporary files in the DEL queue are removed at a minute old
+too, since a shim may be writing one while the daemon starts.
+
+A file that is not a valid record (not JSON, not the declared shape, another
+pod's record, a directory) is moved aside to ``<name>.corrupt-<time_ns>``,
+logged and counted, never fatal. A record of a format newer than this
+release reads is left untouched and refused (:class:`errors.UnreadableState`).
+A disk that refuses a read or write (full, read-only, failing) makes the
+request fail with CNI code 11, naming the state dir and the error
+(:class:`errors.StateFailure`).
 """
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import time
 
 from oslo_log import log as logging
 
+from kuryr_cni import errors
+from kuryr_cni import metrics
+from kuryr_cni import records
+
 LOG = logging.getLogger(__name__)
 
-SHIM_WRITE_AGE = 60      # seconds after which a queue temporary file is surely not being written
+TEMPORARY_AGE = 60       # seconds after which a temporary file is surely not being written
+_STEM = re.compile(r'^[0-9a-f]{32}\Z')
+_QUEUE_ENTRY = re.compile(r'^[0-9]{1,20}-[0-9]{1,10}\.json\Z')
+
+
+def file_stem(pod_key):
+    """The fixed-length name under which a pod's files are kept."""
+    return hashlib.blake2b(pod_key.encode(), digest_size=16).hexdigest()
 
 
 def write_atomically(directory, name, data):
-    """Write ``data`` (bytes) to ``directory/name`` atomically and durably."""
+    """Write ``data`` (bytes) to ``directory/name`` atomically and durably; raise OSError."""
     tmp = os.path.join(directory, '.%s.%d.tmp' % (name, os.getpid()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, os.path.join(directory, name))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, os.path.join(directory, name))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync_dir(directory)
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def fsync_dir(directory):
@@ -55,53 +91,134 @@ def ensure_dir(path, mode=0o700):
     return path
 
 
+@contextlib.contextmanager
+def disk_errors(directory, action):
+    """Turn an OSError of the state dir into :class:`errors.StateFailure` (code 11)."""
+    try:
+        yield
+    except OSError as exc:
+        raise errors.StateFailure(
+            'state dir %s: cannot %s' % (directory, action),
+            'error %s (%s)' % (exc.errno, exc.strerror or os.strerror(exc.errno or 0))) from exc
+
+
 class BindingStore:
     """One JSON file per pod binding. Callers hold the pod's lock."""
 
     def __init__(self, state_dir):
         self.directory = ensure_dir(os.path.join(state_dir, 'bindings'))
 
-    def _name(self, pod_key):
-        return pod_key.replace('/', '_') + '.json'
+    def path(self, pod_key):
+        return os.path.join(self.directory, file_stem(pod_key) + '.json')
 
     def load(self, pod_key):
-        path = os.path.join(self.directory, self._name(pod_key))
-        try:
-            with open(path, 'rb') as f:
-                binding = json.loads(f.read())
-            if not isinstance(binding, dict):
-                raise ValueError('not a JSON object')
-            return binding
-        except FileNotFoundError:
+        """The pod's :class:`records.Binding`, or None when it has none (or it was bad)."""
+        name = file_stem(pod_key) + '.json'
+        binding = self._read(name)
+        if binding is not None and binding.pod != pod_key:
+            self._set_aside(name, 'it holds the record of pod %s' % binding.pod)
             return None
-        except ValueError:
-            _set_aside(path)
-            return None
+        return binding
 
-    def save(self, pod_key, binding):
-        write_atomically(self.directory, self._name(pod_key),
-                         json.dumps(binding, separators=(',', ':')).encode())
+    def save(self, binding):
+        data = json.dumps(binding.to_dict(), separators=(',', ':')).encode()
+        name = file_stem(binding.pod) + '.json'
+        with disk_errors(self.directory, 'write the binding of pod %s' % binding.pod):
+            write_atomically(self.directory, name, data)
 
     def remove(self, pod_key):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(self.directory, self._name(pod_key)))
+        with disk_errors(self.directory, 'remove the binding of pod %s' % pod_key), \
+                contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(pod_key))
             fsync_dir(self.directory)
 
     def load_all(self):
-        """Every readable binding, keyed by pod key (used at start-up)."""
+        """Every valid binding, keyed by pod key; bad files are set aside on the way."""
         bindings = {}
-        for name in sorted(os.listdir(self.directory)):
-            if _dead_write(self.directory, name):
+        for name in self._names():
+            try:
+                binding = self._read(name)
+            except errors.UnreadableState as exc:
+                LOG.error('%s (%s); leaving it untouched', exc.msg, exc.details)
                 continue
-            if not name.endswith('.json') or name.startswith('.'):
+            if binding is None:
                 continue
-            binding = self.load(name[:-len('.json')].replace('_', '/', 1))
-            if binding is not None:
-                bindings[binding['pod']] = binding
+            if file_stem(binding.pod) + '.json' != name:
+                self._set_aside(name, 'its name is not that of pod %s' % binding.pod)
+                continue
+            bindings[binding.pod] = binding
         return bindings
 
-    def files(self):
-        return sorted(n for n in os.listdir(self.directory) if n.endswith('.json'))
+    def _names(self):
+        with disk_errors(self.directory, 'list the bindings'):
+            names = sorted(os.listdir(self.directory))
+        return [n for n in names if n.endswith('.json') and _STEM.match(n[:-len('.json')])]
+
+    def _read(self, name):
+        """Parse and validate one binding file; None when missing, refused or set aside."""
+        path = os.path.join(self.directory, name)
+        with disk_errors(self.directory, 'read %s' % name):
+            try:
+                with open(path, 'rb') as f:
+                    data = f.read()
+            except FileNotFoundError:
+                return None
+            except IsADirectoryError:
+                self._set_aside(name, 'it is a directory')
+                return None
+        try:
+            return records.Binding.from_dict(json.loads(data))
+        except records.FutureFormat as exc:
+            raise errors.UnreadableState('binding file %s was written by a newer kuryr-cni'
+                                         % path, str(exc)) from None
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            self._set_aside(name, exc)
+            return None
+
+    def _set_aside(self, name, why):
+        set_aside(os.path.join(self.directory, name), why, 'binding')
+
+    def remove_temporaries(self, min_age=0):
+        """Remove temporary files of writes that never finished, whoever made them."""
+        return remove_temporaries(self.directory, min_age)
+
+    def migrate_legacy_names(self, lock_dir):
+        """Rename bindings of kuryr-cni 0.1.0 (``<namespace>_<name>.json``) to digests.
+
+        Run at start-up, before any request: its lock files (``*_*.lock``),
+        which no process holds then, are removed. A legacy file whose content
+        names another pod than its name is set aside. Returns the count moved.
+        """
+        moved = 0
+        with disk_errors(self.directory, 'list the bindings'):
+            names = sorted(os.listdir(self.directory))
+        for name in names:
+            if not name.endswith('.json') or name.startswith('.') \
+                    or _STEM.match(name[:-len('.json')]):
+                continue
+            try:
+                with open(os.path.join(self.directory, name), 'rb') as f:
+                    binding = records.Binding.from_dict(json.loads(f.read()))
+            except records.FutureFormat:
+                continue      # not ours to judge: a newer release wrote it
+            except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+                self._set_aside(name, exc)
+                continue
+            if binding.pod.replace('/', '_', 1) + '.json' != name:
+                self._set_aside(name, 'it holds the record of pod %s' % binding.pod)
+                continue
+            if os.path.exists(self.path(binding.pod)):
+                self._set_aside(name, 'pod %s also has a binding under its new name'
+                                % binding.pod)
+                continue
+            self.save(binding)
+            with disk_errors(self.directory, 'remove %s' % name):
+                os.unlink(os.path.join(self.directory, name))
+            LOG.info('Moved the binding of pod %s from %s to %s', binding.pod, name,
+                     os.path.basename(self.path(binding.pod)))
+            moved += 1
+        _remove_legacy_locks(lock_dir)
+        return moved
 
 
 class DelQueue:
@@ -113,9 +230,7 @@ class DelQueue:
     def entries(self):
         """Yield ``(path, body)`` for complete entries, oldest first."""
         for name in sorted(os.listdir(self.directory)):
-            if _dead_write(self.directory, name, min_age=SHIM_WRITE_AGE):
-                continue
-            if not name.endswith('.json') or name.startswith('.'):
+            if not _QUEUE_ENTRY.match(name):
                 continue
             path = os.path.join(self.directory, name)
             try:
@@ -124,50 +239,59 @@ class DelQueue:
                 if not isinstance(body, dict):
                     raise ValueError('not a JSON object')
             except (OSError, ValueError) as exc:
-                LOG.warning('Setting aside unreadable queued DEL %s: %s', path, exc)
-                _set_aside(path)
+                self.set_aside(path, exc)
                 continue
             yield path, body
+
+    def size(self):
+        """How many complete entries wait."""
+        return sum(1 for name in os.listdir(self.directory) if _QUEUE_ENTRY.match(name))
 
     @staticmethod
     def done(path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
-    def set_aside(self, path):
-        _set_aside(path)
+    @staticmethod
+    def set_aside(path, why):
+        set_aside(path, why, 'del_queue')
+
+    def remove_temporaries(self, min_age=TEMPORARY_AGE):
+        """Remove the temporary files of shims that died while queueing a DEL."""
+        return remove_temporaries(self.directory, min_age)
 
 
-def _dead_write(directory, name, min_age=0):
-    """Remove ``name`` if it is the temporary file of a writer that died; say so."""
-    if not (name.startswith('.') and name.endswith('.tmp')):
-        return False
-    pid = name[:-len('.tmp')].replace('-', '.').rpartition('.')[2]
-    if not pid.isdigit() or _running(int(pid)):
-        return False
-    path = os.path.join(directory, name)
+def remove_temporaries(directory, min_age):
+    """Remove ``.*.tmp`` files of ``directory`` at least ``min_age`` s old; returns how many."""
+    removed = 0
+    now = time.time()
+    for name in os.listdir(directory):
+        if not (name.startswith('.') and name.endswith('.tmp')):
+            continue
+        path = os.path.join(directory, name)
+        with contextlib.suppress(FileNotFoundError):
+            if min_age and now - os.lstat(path).st_mtime < min_age:
+                continue
+            os.unlink(path)
+            LOG.info('Removed %s, left by a write that never finished', path)
+            removed += 1
+    return removed
+
+
+def set_aside(path, why, kind):
+    """Move a bad state file out of the way, log why and count it; never raises."""
+    aside = '%s.corrupt-%d' % (path, time.time_ns())
+    LOG.error('Setting aside %s as %s: %s', path, os.path.basename(aside), why)
+    metrics.state_file_set_aside(kind)
     try:
-        if time.time() - os.stat(path).st_mtime < min_age:
-            return False
-    except FileNotFoundError:
-        return True
-    LOG.info('Removing %s, the partial write of a process that died', path)
+        os.rename(path, aside)
+    except OSError as exc:
+        LOG.error('Could not set %s aside: %s', path, exc)
+
+
+def _remove_legacy_locks(lock_dir):
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    return True
-
-
-def _running(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True         # someone else's process, or no pid at all: leave the file
-    return True
-
-
-def _set_aside(path):
-    LOG.error('Moving corrupt state file %s aside to %s.corrupt', path, path)
-    with contextlib.suppress(OSError):
-        os.rename(path, path + '.corrupt')
+        for name in os.listdir(lock_dir):
+            if name.endswith('.lock') and not _STEM.match(name[:-len('.lock')]):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(lock_dir, name))

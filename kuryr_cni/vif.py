@@ -67,6 +67,23 @@ class VIF:
         return cls(**d)
 
 
+_FIELDS = frozenset(f.name for f in dataclasses.fields(VIF))
+
+
+def from_record(data):
+    """A VIF as :meth:`VIF.to_dict` wrote it into a binding record, validated again.
+
+    Files can be damaged or edited, so a persisted VIF passes the same checks
+    as an annotation's; raises InvalidVIF.
+    """
+    if not isinstance(data, dict) or set(data) != _FIELDS:
+        raise errors.InvalidVIF('persisted VIF must be an object with the fields %s'
+                                % ', '.join(sorted(_FIELDS)))
+    spec = dict(data, gateway=data['gateways'])
+    del spec['gateways']
+    return parse_vif(spec)
+
+
 def parse_annotation(text):
     """Parse the annotation text into ``{ifname: VIF}``; raise InvalidVIF."""
     # surrogatepass: a JSON-decoded annotation may hold lone surrogates.

@@ -2,8 +2,8 @@
 # Entrypoint of the kuryr-cni daemon image (Dockerfile), run by the DaemonSet in
 # etc/kubernetes/kuryr-cni-daemonset.yaml:
 #
-#  1. installs the CNI shim into the host's CNI bin dir (mounted from the host)
-#     with `kuryr-cni --install`: a launcher and the shim compiled ahead,
+#  1. installs the CNI shim, a static executable, into the host's CNI bin dir
+#     (mounted from the host),
 #  2. installs the CNI network config, when the ConfigMap carries one,
 #  3. names this node from the downward API (the ConfigMap is shared by every
 #     node, so it cannot), and
@@ -11,8 +11,8 @@
 #
 # Files are replaced atomically (temporary name, then rename): the runtime may
 # exec the shim or read the config at any moment, and overwriting a running
-# executable fails with ETXTBSY. The shim runs on the host, with the host's
-# /usr/bin/python3.
+# executable fails with ETXTBSY. The shim runs on the host and needs nothing
+# there but the daemon's socket and state directories.
 #
 # Environment (defaults in brackets):
 #   CNI_BIN_DIR           host CNI bin dir as mounted here [/host/opt/cni/bin]
@@ -60,9 +60,8 @@ if [[ ! -d "${CNI_BIN_DIR}" ]]; then
     log "${CNI_BIN_DIR} is not mounted"
     exit 1
 fi
-# The image's interpreter writes the launcher and the compiled shim; the
-# host's /usr/bin/python3 runs them (and recompiles if its version differs).
-python3 -IS "${KURYR_CNI_SHIM}" --install "${CNI_BIN_DIR}" >&2
+install_atomic "${KURYR_CNI_SHIM}" "${CNI_BIN_DIR}/kuryr-cni" 0755
+log "installed ${CNI_BIN_DIR}/kuryr-cni"
 
 if [[ -f "${KURYR_CNI_CONFLIST}" ]]; then
     if [[ ! -d "${CNI_CONF_DIR}" ]]; then

@@ -13,7 +13,8 @@ Failure behaviour, common to every driver:
 
 - A request the kernel refuses becomes :class:`errors.BindingFailed` (code
   101) whose ``details`` hold the netlink error (number, text and the
-  kernel's extended-ack message when it sent one): see :func:`kernel_errors`.
+  kernel's extended-ack message when it sent one): see
+  :func:`kuryr_cni.netns.kernel_errors`.
 - A netlink request left unanswered raises
   :class:`kuryr_cni.netns.NetlinkTimeout` (code 11, try again later).
 - A pod namespace path that is not a network namespace, or is the host's,
@@ -22,11 +23,7 @@ Failure behaviour, common to every driver:
 """
 
 import abc
-import contextlib
 import dataclasses
-import os
-
-from pyroute2.netlink.exceptions import NetlinkError
 
 from kuryr_cni import errors
 
@@ -60,6 +57,7 @@ class Plug:
     netns: str              # path of the pod's network namespace
     ifname: str             # name inside the pod
     default_route: bool     # put the VIF's default gateway route here
+    mac: str | None = None  # the VIF's MAC: recognises an interface made before its alias
 
 
 class Driver(abc.ABC):
@@ -133,31 +131,3 @@ def check_mtu(vif, parent_mtu, parent):
     if parent_mtu is not None and vif.mtu > parent_mtu:
         raise errors.InvalidVIF('VIF MTU %d is larger than the MTU %d of %s'
                                 % (vif.mtu, parent_mtu, parent))
-
-
-@contextlib.contextmanager
-def kernel_errors(action):
-    """Turn a kernel refusal raised in the block into :class:`errors.BindingFailed`.
-
-    ``action`` says what was being done ("create veth kc1234 in ...");
-    the netlink or OS error goes into ``details``. CNI errors (timeouts,
-    invalid namespaces) pass through unchanged.
-    """
-    try:
-        yield
-    except errors.CNIError:
-        raise
-    except (NetlinkError, OSError) as exc:
-        raise errors.BindingFailed('failed to %s' % action, describe(exc)) from exc
-
-
-def describe(exc):
-    """The error number and text of a netlink or OS error, for ``details``."""
-    if isinstance(exc, NetlinkError):
-        name = os.strerror(exc.code)
-        text = exc.args[1] if len(exc.args) > 1 else None
-        extra = ': %s' % text if text and text != name else ''
-        return 'netlink error %d (%s)%s' % (exc.code, name, extra)
-    if isinstance(exc, OSError) and exc.errno:
-        return 'error %d (%s)' % (exc.errno, exc.strerror or os.strerror(exc.errno))
-    return str(exc)

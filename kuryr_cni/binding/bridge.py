@@ -78,7 +78,7 @@ class BridgeDriver(base.Driver):
                 raise
 
     def disconnect(self, plug):
-        """Delete the host end if its alias names this plug, else the pod end.
+        """Delete the host end if its alias names this plug, else the pod end if it does.
 
         Deleting one end of a veth pair deletes the other, so the pod
         namespace is entered only when no host end of ours was there. An
@@ -102,7 +102,9 @@ class BridgeDriver(base.Driver):
             if outcome == DELETED or pod_fd is None:
                 return
             with netns.iproute(pod_fd) as pod:
-                podside.delete(pod, plug)
+                if podside.delete_owned(pod, plug) == FOREIGN:
+                    LOG.warning('Not deleting %s in %s: it is not tagged for %s',
+                                plug.ifname, plug.netns, owner)
 
     def check(self, vif, plug):
         """Compare host end (alias, bridge, MTU, up) and pod end (MAC, MTU, IPs, routes)."""
@@ -111,8 +113,8 @@ class BridgeDriver(base.Driver):
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
                 netns.iproute(self.host_netns) as host, \
                 netns.iproute(pod_fd) as pod:
-            with base.kernel_errors('inspect %s of container %s'
-                                    % (plug.ifname, plug.container_id)):
+            with netns.kernel_errors('inspect %s of container %s'
+                                     % (plug.ifname, plug.container_id)):
                 problems += self._check_host_end(host, host_name, vif, plug)
                 problems += podside.check(pod, vif, plug)
         if problems:
@@ -124,7 +126,7 @@ class BridgeDriver(base.Driver):
 
     def _ensure_bridge(self, host, name):
         """Return the link message of bridge ``name``, creating it when missing."""
-        with base.kernel_errors('look up bridge %s' % name):
+        with netns.kernel_errors('look up bridge %s' % name):
             link = podside.get_link(host, name)
         if link is None:
             link = self._create_bridge(host, name)
@@ -141,7 +143,7 @@ class BridgeDriver(base.Driver):
 
         Returns its link message (None if it vanished at once).
         """
-        with base.kernel_errors('create bridge %s' % name):
+        with netns.kernel_errors('create bridge %s' % name):
             try:
                 host.link('add', ifname=name, kind='bridge')
             except NetlinkError as exc:
@@ -162,7 +164,7 @@ class BridgeDriver(base.Driver):
         """
         action = ('create veth %s (into bridge %s) and %s in %s'
                   % (host_name, vif.bridge, plug.ifname, plug.netns))
-        with base.kernel_errors(action):
+        with netns.kernel_errors(action):
             for attempt in (1, 2):
                 try:
                     reply = host.link(
@@ -180,9 +182,9 @@ class BridgeDriver(base.Driver):
 
     def _finish_host_end(self, host, index, host_name, owner):
         """Tag the host end with its owner, without IPv6 addresses, and bring it up."""
-        with base.kernel_errors('set owner alias on %s' % host_name):
+        with netns.kernel_errors('set owner alias on %s' % host_name):
             podside.set_without_ipv6_addresses(host, index, ifalias=owner)
-        with base.kernel_errors('bring up %s' % host_name):
+        with netns.kernel_errors('bring up %s' % host_name):
             host.link('set', index=index, state='up')
 
     def _indexes(self, host, reply, host_name):
@@ -190,19 +192,22 @@ class BridgeDriver(base.Driver):
         for msg in reply:
             if msg.get('ifname') == host_name and msg.get('link'):
                 return msg['index'], msg.get('link')
-        with base.kernel_errors('look up %s' % host_name):     # kernel without echo
+        with netns.kernel_errors('look up %s' % host_name):     # kernel without echo
             link = podside.get_link(host, host_name)
         if link is None or not link.get('link'):
             raise errors.BindingFailed('veth %s vanished while being set up' % host_name)
         return link['index'], link.get('link')
 
     def _remove_leftovers(self, host, pod, host_name, owner, plug):
-        outcome = self._delete_host_end(host, host_name, owner)
-        if outcome == FOREIGN:
+        """Remove what this plug left (a retried ADD); refuse to touch anyone else's."""
+        if self._delete_host_end(host, host_name, owner) == FOREIGN:
             raise errors.BindingFailed(
                 'host device %s exists and belongs to another owner' % host_name,
                 'expected alias %s' % owner)
-        podside.delete(pod, plug)
+        if podside.delete_owned(pod, plug) == FOREIGN:
+            raise errors.BindingFailed(
+                '%s exists in %s and belongs to another owner' % (plug.ifname, plug.netns),
+                'expected alias %s' % owner)
 
     def _undo(self, host, host_name):
         """Delete a half-made pair (both ends go); never raises."""
@@ -214,7 +219,9 @@ class BridgeDriver(base.Driver):
     # -- disconnect steps --------------------------------------------------
 
     def _delete_host_end(self, host, host_name, owner):
-        return podside.delete_owned_link(host, host_name, owner, 'on the host')
+        # Untagged, it is still ours: its name is derived from its owner.
+        return podside.delete_owned_link(host, host_name, owner, 'on the host',
+                                         untagged_ours=True)
 
     # -- check steps -------------------------------------------------------
 

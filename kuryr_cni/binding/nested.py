@@ -67,27 +67,24 @@ class NestedDriver(base.Driver):
     def connect(self, vif, plug):
         """Create the sub-interface inside the pod namespace, tag it, configure it.
 
-        A device this plug left before (a retried ADD: same name, our alias
-        or none) is removed and the creation retried once; anything else in
-        the way makes the call fail untouched. Any failure after creation
-        deletes the new interface before raising.
+        A device this plug left before (a retried ADD: same name, our alias,
+        or no alias and our MAC) is removed and the creation retried once;
+        anything else in the way makes the call fail untouched. Any failure
+        after creation deletes the new interface before raising.
         """
         parent_name = self.parent_of(vif)
-        owner = owner_tag.alias(plug.container_id, plug.ifname)
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
                 netns.iproute(self.host_netns) as host, \
                 netns.iproute(pod_fd) as pod:
             parent = self._parent_link(host, parent_name)
             base.check_mtu(vif, parent.get('mtu'), 'parent %s' % parent_name)
-            self._create(host, pod, pod_fd, parent, vif, plug, owner)
+            self._create(host, pod, pod_fd, parent, vif, plug)
             try:
-                with base.kernel_errors('set owner alias on %s in %s'
-                                        % (plug.ifname, plug.netns)):
+                with netns.kernel_errors('look up %s in %s' % (plug.ifname, plug.netns)):
                     link = podside.get_link(pod, plug.ifname)
-                    if link is None:
-                        raise errors.BindingFailed('%s vanished from %s while being set up'
-                                                   % (plug.ifname, plug.netns))
-                    pod.link('set', index=link['index'], ifalias=owner)
+                if link is None:
+                    raise errors.BindingFailed('%s vanished from %s while being set up'
+                                               % (plug.ifname, plug.netns))
                 podside.configure(pod, link['index'], vif, plug, self.options.ipv6_link_local)
             except BaseException:
                 self._undo(pod, plug)
@@ -102,16 +99,15 @@ class NestedDriver(base.Driver):
         """
         if not plug.netns:
             return
-        owner = owner_tag.alias(plug.container_id, plug.ifname)
         try:
             with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
                     netns.iproute(pod_fd) as pod:
-                outcome = podside.delete_owned(pod, plug, owner)
+                outcome = podside.delete_owned(pod, plug)
         except netns.NamespaceNotFound:
             return
         if outcome == podside.FOREIGN:
-            LOG.warning('Not deleting %s in %s: it carries another owner\'s alias',
-                        plug.ifname, plug.netns)
+            LOG.warning('Not deleting %s in %s: it is not tagged for sandbox %s',
+                        plug.ifname, plug.netns, plug.container_id)
 
     def check(self, vif, plug):
         """Compare the pod interface: kind, parent, owner, kind attributes, MAC, IPs, routes."""
@@ -121,7 +117,8 @@ class NestedDriver(base.Driver):
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
                 netns.iproute(self.host_netns) as host, \
                 netns.iproute(pod_fd) as pod, \
-                base.kernel_errors('inspect %s of container %s' % (plug.ifname, plug.container_id)):
+                netns.kernel_errors('inspect %s of container %s'
+                                    % (plug.ifname, plug.container_id)):
             parent = podside.get_link(host, parent_name)
             link = podside.get_link(pod, plug.ifname)
             if parent is None:
@@ -153,17 +150,17 @@ class NestedDriver(base.Driver):
         return parent
 
     def _parent_link(self, host, name):
-        with base.kernel_errors('look up parent interface %s' % name):
+        with netns.kernel_errors('look up parent interface %s' % name):
             link = podside.get_link(host, name)
         if link is None:
             raise errors.BindingFailed('parent interface %s does not exist' % name)
         return link
 
-    def _create(self, host, pod, pod_fd, parent, vif, plug, owner):
+    def _create(self, host, pod, pod_fd, parent, vif, plug):
         parent_name = parent.get('ifname')
         action = ('create %s %s on %s in %s'
                   % (self.kind, plug.ifname, parent_name, plug.netns))
-        with base.kernel_errors(action):
+        with netns.kernel_errors(action):
             for attempt in (1, 2):
                 try:
                     host.link('add', ifname=plug.ifname, kind=self.kind, link=parent['index'],
@@ -173,7 +170,8 @@ class NestedDriver(base.Driver):
                 except NetlinkError as exc:
                     if exc.code != errno.EEXIST or attempt == 2:
                         raise
-                outcome = podside.delete_owned(pod, plug, owner)
+                owner = owner_tag.alias(plug.container_id, plug.ifname)
+                outcome = podside.delete_owned(pod, plug)
                 if outcome == podside.FOREIGN:
                     raise errors.BindingFailed('%s exists in %s and belongs to another owner'
                                                % (plug.ifname, plug.netns),
@@ -183,8 +181,8 @@ class NestedDriver(base.Driver):
                 LOG.info('Replaced what %s left of %s in %s', owner, plug.ifname, plug.netns)
 
     def _undo(self, pod, plug):
-        """Delete a half-made interface; never raises."""
+        """Delete the half-made interface of this plug; never raises."""
         try:
-            podside.delete(pod, plug)
+            podside.delete_owned(pod, plug)
         except Exception:   # the original error matters more
             LOG.exception('Could not remove half-made %s in %s', plug.ifname, plug.netns)

@@ -1,12 +1,14 @@
 """The pod end of every binding: one interface inside the pod's namespace.
 
 Every driver ends the same way, whatever made the interface (the peer of a
-veth pair, a MACVLAN or VLAN sub-interface): it is brought up with ``lo``,
-given the VIF's addresses and routes (the default route only on the plug
-marked ``default_route``), later compared with the VIF, and removed. Those
-steps live here, shared; each works on a netlink handle already bound to the
-pod namespace (:func:`kuryr_cni.netns.iproute`) and raises what
-:func:`kuryr_cni.binding.base.kernel_errors` makes of a kernel refusal.
+veth pair, a MACVLAN or VLAN sub-interface): it is tagged with its owner
+(``IFLA_IFALIAS``, :mod:`kuryr_cni.binding.owner_tag`), brought up with
+``lo``, given the VIF's addresses and routes (the default route only on the
+plug marked ``default_route``), later compared with the VIF, and removed only
+when its tag names the plug. Those steps live here, shared; each works on a
+netlink handle already bound to the pod namespace
+(:func:`kuryr_cni.netns.iproute`) and raises what
+:func:`kuryr_cni.netns.kernel_errors` makes of a kernel refusal.
 """
 
 import errno
@@ -17,7 +19,8 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
 
-from kuryr_cni.binding import base
+from kuryr_cni import netns
+from kuryr_cni.binding import owner_tag
 
 LOOPBACK_INDEX = 1              # lo is always ifindex 1 in a network namespace
 RT_SCOPE_LINK = 253
@@ -34,27 +37,31 @@ NO_IPV6_ADDRESSES = {'attrs': [('AF_INET6', {'attrs': [
 
 
 def configure(pod, index, vif, plug, ipv6_link_local='with-ipv6'):
-    """Bring interface ``index`` and ``lo`` up; add the VIF's addresses and routes.
+    """Tag interface ``index``, bring it and ``lo`` up; add the VIF's addresses and routes.
 
-    One netlink request per step: link up, ``lo`` up, one per address, one
-    per route; before them, on a VIF without IPv6 addresses, one turning off
-    the kernel's IPv6 link-local address (unless ``ipv6_link_local`` is
-    ``'always'``: see ``[binding] ipv6_link_local``). IPv6 addresses are
-    added without duplicate address detection so they are usable at once.
+    One netlink request per step: owner tag and link up, ``lo`` up, one per
+    address, one per route; on a VIF without IPv6 addresses the tag goes
+    instead with a first request turning off the kernel's IPv6 link-local
+    address (unless ``ipv6_link_local`` is ``'always'``: see ``[binding]
+    ipv6_link_local``). The kernel ignores an alias in the request that creates
+    a link, so the tag cannot come sooner. IPv6 addresses are added without
+    duplicate address detection so they are usable at once.
     """
     where = '%s in %s' % (plug.ifname, plug.netns)
+    tag = {'ifalias': owner_tag.alias(plug.container_id, plug.ifname)}
     if ipv6_link_local != 'always' and not _has_ipv6(vif):
-        with base.kernel_errors('turn off IPv6 address generation on %s' % where):
-            set_without_ipv6_addresses(pod, index)
-    with base.kernel_errors('bring up %s' % where):
-        pod.link('set', index=index, state='up')
-    with base.kernel_errors('bring up lo in %s' % plug.netns):
+        with netns.kernel_errors('tag %s and turn off its IPv6 address generation' % where):
+            set_without_ipv6_addresses(pod, index, **tag)
+        tag = {}
+    with netns.kernel_errors('bring up %s' % where):
+        pod.link('set', index=index, state='up', **tag)
+    with netns.kernel_errors('bring up lo in %s' % plug.netns):
         pod.link('set', index=LOOPBACK_INDEX, state='up')
     for cidr in vif.ips:
         iface = ipaddress.ip_interface(cidr)
         # NODAD: usable at once, not "tentative" for a second or more.
         extra = {'flags': IFA_F_NODAD} if iface.version == 6 else {}
-        with base.kernel_errors('add address %s to %s' % (cidr, where)):
+        with netns.kernel_errors('add address %s to %s' % (cidr, where)):
             pod.addr('add', index=index, address=str(iface.ip),
                      prefixlen=iface.network.prefixlen, **extra)
     for dst, gw in wanted_routes(vif, plug):
@@ -63,7 +70,7 @@ def configure(pod, index, vif, plug, ipv6_link_local='with-ipv6'):
             spec['scope'] = RT_SCOPE_LINK
         else:
             spec['gateway'] = str(gw)
-        with base.kernel_errors('add route %s via %s to %s' % (dst, gw or 'link', where)):
+        with netns.kernel_errors('add route %s via %s to %s' % (dst, gw or 'link', where)):
             pod.route('add', **spec)
 
 
@@ -122,38 +129,33 @@ def check(pod, vif, plug):
     return problems
 
 
-def delete(pod, plug):
-    """Delete the plug's interface, whoever tagged it; gone already is fine."""
-    with base.kernel_errors('remove %s in %s' % (plug.ifname, plug.netns)):
-        try:
-            pod.link('del', ifname=plug.ifname)
-        except NetlinkError as exc:
-            if exc.code != errno.ENODEV:
-                raise
+def delete_owned(pod, plug):
+    """Delete the plug's interface in the pod namespace if its owner tag names the plug.
 
-
-def delete_owned(pod, plug, owner):
-    """Delete the plug's interface in the pod if ``owner`` owns it (see delete_owned_link).
-
-    For interfaces made directly in the pod namespace, which carry their
-    owner's alias themselves.
+    An interface without tag is the plug's only if it has the plug's MAC: one
+    made by a connect that died before tagging it. Anything else of that name
+    (another sandbox's, another plugin's) is left alone. Returns DELETED,
+    ABSENT or FOREIGN.
     """
-    return delete_owned_link(pod, plug.ifname, owner, 'in %s' % plug.netns)
+    owner = owner_tag.alias(plug.container_id, plug.ifname)
+    return delete_owned_link(pod, plug.ifname, owner, 'in %s' % plug.netns,
+                             untagged_mac=plug.mac)
 
 
-def delete_owned_link(ipr, ifname, owner, where):
-    """Delete link ``ifname`` of ``ipr``'s namespace if its alias is ``owner`` (or it has none).
+def delete_owned_link(ipr, ifname, owner, where, untagged_mac=None, untagged_ours=False):
+    """Delete link ``ifname`` of ``ipr``'s namespace if its alias is ``owner``.
 
-    One without alias is ours too: its name is derived from this owner (or,
-    in a pod, belongs to this attachment, as the ownership rules refuse a
-    taken name) and it was left by a connect that died before setting the
-    alias. Returns DELETED, ABSENT or FOREIGN (left alone).
+    A link without alias is deleted when ``untagged_ours`` (a host device,
+    whose name is derived from its owner) or when its MAC is
+    ``untagged_mac``. Returns DELETED, ABSENT or FOREIGN (left alone).
     """
-    with base.kernel_errors('remove %s %s' % (ifname, where)):
+    with netns.kernel_errors('remove %s %s' % (ifname, where)):
         link = get_link(ipr, ifname)
         if link is None:
             return ABSENT
-        if link.get('ifalias') not in (owner, None, ''):
+        alias = link.get('ifalias')
+        if alias != owner and not (not alias and (
+                untagged_ours or (untagged_mac and link.get('address') == untagged_mac))):
             return FOREIGN
         try:
             ipr.link('del', index=link['index'])

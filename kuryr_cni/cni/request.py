@@ -37,15 +37,6 @@ class PodRef:
 
 
 @dataclasses.dataclass(frozen=True)
-class Attachment:
-    """An attachment's identity: (network name, container ID, interface name)."""
-
-    network: str
-    container_id: str
-    ifname: str
-
-
-@dataclasses.dataclass(frozen=True)
 class Request:
     command: str
     cni_version: str
@@ -55,10 +46,6 @@ class Request:
     ifname: str | None
     pod: PodRef | None
     config: dict
-
-    @property
-    def attachment(self):
-        return Attachment(self.network, self.container_id, self.ifname)
 
     @property
     def prev_result(self):

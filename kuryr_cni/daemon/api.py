@@ -140,13 +140,13 @@ class InspectApp:
                          bindings=self.registry.bindings.size())
             return 200, facts
         if path == '/v1/pods':
-            return 200, sorted(self.registry.bindings.snapshot().values(),
-                               key=lambda b: b['pod'])
+            bindings = sorted(self.registry.bindings.snapshot().values(), key=lambda b: b.pod)
+            return 200, [binding.to_dict() for binding in bindings]
         if path.startswith('/v1/pods/'):
             binding = self.registry.bindings.get(path[len('/v1/pods/'):])
             if binding is None:
                 return 404, {'error': 'no binding for pod %s' % path[len('/v1/pods/'):]}
-            return 200, binding
+            return 200, binding.to_dict()
         if path == '/v1/stale-dels':
             return 200, self.registry.stale_dels.recent()
         return 404, {'error': 'unknown path %s' % path}
@@ -174,28 +174,25 @@ def _error_json(exc, body):
     return json.dumps(exc.to_dict(cni_request.error_version(body))).encode()
 
 
-class CNIHandler(server.QuietHandler):
-    """HTTP face of :class:`CNIApp` (POST) and :class:`InspectApp` (GET).
+class CNIHandler:
+    """The HTTP face of :class:`CNIApp` (POST) and :class:`InspectApp` (GET).
 
-    Bodies over 1 MiB get 413 unread.
+    A :class:`kuryr_cni.daemon.server.App`: malformed requests, and bodies
+    over 1 MiB (left unread), get a CNI error JSON with code 4.
     """
 
-    def do_GET(self):
-        self.request_received()
-        status, payload = self.server.context['inspect'].inspect(self.path)
-        self.send_json(status, json.dumps(payload).encode())
+    def __init__(self, app, inspect):
+        self.app = app
+        self.inspect = inspect
 
-    def do_POST(self):
-        app = self.server.context['app']
-        length = self.headers.get('Content-Length')
-        if length is None or not length.isdigit():
-            status, payload = 411, _error_json(
-                errors.InvalidEnvironment('Content-Length is required'), None)
-        elif int(length) > cni_request.MAX_BODY_BYTES:
-            status, payload = 413, _error_json(errors.BodyTooLarge(
-                'request body larger than %d bytes' % cni_request.MAX_BODY_BYTES), None)
-        else:
-            body = self.rfile.read(int(length))
-            self.request_received()
-            status, payload = app.handle(self.path, body)
-        self.send_json(status, payload)
+    def answer(self, request):
+        if request.method == 'GET':
+            status, payload = self.inspect.inspect(request.path)
+            return server.Response(status, json.dumps(payload).encode())
+        if request.method != 'POST':
+            return self.refuse(405, 'method %s not allowed' % request.method)
+        return server.Response(*self.app.handle(request.path, request.body))
+
+    def refuse(self, status, message):
+        error = errors.BodyTooLarge if status == 413 else errors.InvalidEnvironment
+        return server.Response(status, _error_json(error(message), None))

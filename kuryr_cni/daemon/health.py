@@ -9,8 +9,9 @@ registry call and ``/proc`` reads.
 * alive: the registry Manager answers, and at least one CNI worker's accept
   loop and the watcher process beat within ``[health] heartbeat_timeout``
   (:mod:`kuryr_cni.daemon.heartbeat`);
-* ready: alive, the watcher has synced with the API server, and the daemon is
-  not shutting down.
+* ready: alive, the watcher has synced with the API server, the CNI socket
+  can take work (not every serving worker has its connections at their cap,
+  :mod:`kuryr_cni.daemon.server`), and the daemon is not shutting down.
 """
 
 import time
@@ -41,12 +42,17 @@ def judge(registry):
         problems.append('watcher stuck or dead')
     if not facts.synced:
         problems.append('watcher not synced with the API server')
+    saturated = bool(workers) and all(('cni-worker', worker_id) in facts.saturated
+                                      for worker_id in workers)
+    if saturated:
+        problems.append('CNI socket saturated')
     if stopping:
         problems.append('shutting down')
     alive = bool(workers) and bool(watchers)
-    return {'alive': alive, 'ready': alive and facts.synced and not stopping, 'registry': True,
-            'workers': len(workers), 'watcher_synced': facts.synced,
-            'shutting_down': stopping, 'problems': problems}
+    return {'alive': alive,
+            'ready': alive and facts.synced and not saturated and not stopping,
+            'registry': True, 'workers': len(workers), 'watcher_synced': facts.synced,
+            'socket_saturated': saturated, 'shutting_down': stopping, 'problems': problems}
 
 
 def _serving(processes, limit, now):

@@ -1,7 +1,7 @@
 """Recovery chores while the daemon runs, done from a thread of CNI worker 0.
 
 Start-up recovery (:mod:`kuryr_cni.daemon.recovery`) runs once, before the
-socket opens. Two of its steps are needed again later:
+socket opens. Three of its steps are needed again later:
 
 * replaying the DEL queue: a shim queues a DEL whenever it cannot reach the
   daemon, which also happens while the daemon runs (a DEL that timed out, one
@@ -9,9 +9,12 @@ socket opens. Two of its steps are needed again later:
 * resyncing the registry's binding mirror: a CNI worker killed between writing
   a binding file and updating its mirror leaves the mirror behind the file.
   The parent asks for it after every CNI worker death
-  (:meth:`kuryr_cni.registry.StatusTable.request_resync`).
+  (:meth:`kuryr_cni.registry.StatusTable.request_resync`);
+* removing the temporary files of state writes that never finished (a worker
+  or shim killed mid-write), once they are :data:`kuryr_cni.state.TEMPORARY_AGE`
+  seconds old.
 
-Every ``interval`` seconds the thread does both, with the normal ownership
+Every ``interval`` seconds the thread does all three, with the normal ownership
 rules and pod locks, so it is idempotent and safe next to live requests. Only
 worker 0 runs it (cotyledon gives a replacement the same worker id), so two
 processes never replay one entry at once. It decides nothing itself.
@@ -21,6 +24,7 @@ import threading
 
 from oslo_log import log as logging
 
+from kuryr_cni import state
 from kuryr_cni.daemon import recovery
 
 LOG = logging.getLogger(__name__)
@@ -63,10 +67,13 @@ class Housekeeper:
                 LOG.exception('Housekeeping failed; trying again in %s s', self.interval)
 
     def tick(self):
-        """One round: resync the mirror if asked, then replay the DEL queue."""
+        """One round: resync the mirror if asked, tidy, then replay the DEL queue."""
         # Taken before resyncing: a death meanwhile asks again.
         if self.ownership.registry.status.take_resync_request():
             recovery.resync_mirror(self.ownership)
+        # A killed writer's leftovers; a write in progress is never this old.
+        self.ownership.store.remove_temporaries(state.TEMPORARY_AGE)
+        self.queue.remove_temporaries()
         replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop)
         if replayed:
             LOG.info('Replayed %d DELs the shim had queued', replayed)

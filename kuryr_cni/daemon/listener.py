@@ -1,17 +1,20 @@
-"""Open the daemon's listening sockets, refusing unsafe places (DESIGN §4.2).
+"""Open the daemon's listening sockets, refusing unsafe places and peers (DESIGN §4.2).
 
-Only root may talk to the daemon: the unix socket is 0600 inside a 0700
-directory, and start-up stops when that directory is not root's or is writable
-by others. The optional TCP listener accepts loopback addresses only.
+Only root may talk to the daemon, over the unix socket alone: it is 0600
+inside a 0700 directory, start-up stops when that directory is not root's or
+is writable by others, and every connection's peer must be uid 0
+(:func:`refuse_non_root`). There is no TCP listener for the CNI API: anyone on
+the node, hostNetwork pods included, could reach one. The ops ports (health,
+metrics) are TCP and answer GETs only.
 """
 
 import contextlib
-import ipaddress
 import os
 import socket
 import stat
+import struct
 
-BACKLOG = 1024    # the default of 5 stalls bursts of pod starts by ~1 s
+BACKLOG = 1024    # the default of 5 stalls bursts of pod starts by ~1 s; floods need room too
 
 
 class UnsafeSetup(Exception):
@@ -43,22 +46,31 @@ def open_unix(path):
     return sock
 
 
-def open_tcp(bind_address):
-    host, _, port = bind_address.rpartition(':')
-    host = host.strip('[]')
-    try:
-        address = ipaddress.ip_address(host)
-        port = int(port)
-    except ValueError:
-        raise UnsafeSetup('bind_address %r is not "<ip>:<port>"' % bind_address) from None
-    if not address.is_loopback:
-        raise UnsafeSetup('bind_address %s is not a loopback address' % host)
-    family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+def open_tcp(host, port):
+    """A listening TCP socket for the ops ports (health, metrics)."""
+    family = socket.AF_INET6 if ':' in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(BACKLOG)
     return sock
+
+
+def refuse_non_root(conn):
+    """Whom a server must refuse on the unix socket: ``(reason, detail)`` or None for root.
+
+    The socket's mode keeps others out; this keeps them out of a socket whose
+    mode someone loosened. ``SO_PEERCRED`` gives the peer's credentials as of
+    its ``connect()``.
+    """
+    try:
+        pid, uid, _ = struct.unpack('3i', conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize('3i')))
+    except OSError as exc:
+        return 'peer_uid', 'peer credentials unavailable: %s' % exc
+    if uid != 0:
+        return 'peer_uid', 'peer uid %d (pid %d) is not root' % (uid, pid)
+    return None
 
 
 def refuse_live_daemon(path):

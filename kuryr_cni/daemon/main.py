@@ -15,7 +15,6 @@ import contextlib
 import gc
 import multiprocessing
 import os
-import socket
 import sys
 import time
 
@@ -70,13 +69,11 @@ def run(conf):
     guard = manager_guard.ManagerGuard(registry.status.server_pid())
     try:
         _recover(conf, registry)
-        cni_socks = [listener.open_unix(opts.socket)]
-        if opts.bind_address:
-            cni_socks.append(listener.open_tcp(opts.bind_address))
-        health_sock = _open_tcp(conf.health.host, conf.health.port)
-        metrics_sock = _open_tcp(conf.prometheus.host, conf.prometheus.port)
+        cni_sock = listener.open_unix(opts.socket)
+        health_sock = listener.open_tcp(conf.health.host, conf.health.port)
+        metrics_sock = listener.open_tcp(conf.prometheus.host, conf.prometheus.port)
         try:
-            _serve(conf, registry, cni_socks, health_sock, metrics_sock, guard)
+            _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard)
         except SystemExit:
             # cotyledon ends every graceful shutdown with sys.exit(0); one the
             # Manager's death caused must tell the supervisor to restart us.
@@ -115,25 +112,17 @@ def _freeze_heap():
 
 def _recover(conf, registry):
     ownership = worker.build_ownership(conf, registry)
-    recovery.restore(ownership, ownership.store, state.DelQueue(conf.cni_daemon.state_dir))
+    recovery.restore(ownership, state.DelQueue(conf.cni_daemon.state_dir),
+                     ownership.locks.directory)
 
 
-def _open_tcp(host, port):
-    family = socket.AF_INET6 if ':' in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)
-    return sock
-
-
-def _serve(conf, registry, cni_socks, health_sock, metrics_sock, guard):
+def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard):
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
     registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
     names = {
         sm.add(watcher.WatcherService, workers=1, args=(conf, registry)): 'watcher',
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
-               args=(conf, registry, cni_socks)): 'cni-worker',
+               args=(conf, registry, cni_sock)): 'cni-worker',
         sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock,
                                                 conf.cni_daemon.request_timeout)): 'ops',
     }
@@ -171,7 +160,7 @@ def _serve(conf, registry, cni_socks, health_sock, metrics_sock, guard):
 
     sm.register_hooks(on_new_worker=on_new_worker, on_dead_worker=on_dead_worker,
                       on_terminate=on_terminate)
-    for sock in cni_socks + [health_sock, metrics_sock]:
+    for sock in (cni_sock, health_sock, metrics_sock):
         sock.set_inheritable(True)
     notifier.start()
     guard.start()

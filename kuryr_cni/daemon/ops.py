@@ -6,13 +6,14 @@ JSON document of the facts judged, the problems found and the probe's
 consecutive failures; the count is reset by the next success, and the first
 failure and the recovery are logged once each rather than at every probe.
 While shutting down, the ops process serves on until the CNI workers have
-drained.
+drained. Both ports are open to anyone who can reach them and are served by
+:class:`kuryr_cni.daemon.server.BoundedServer` within :data:`LIMITS`, so a
+flood of connections can neither grow the process nor keep a probe out.
 
 prometheus_client is imported inside functions: it must not be imported
 before :func:`kuryr_cni.metrics.setup` has chosen multiprocess mode.
 """
 
-import http.server
 import json
 import threading
 
@@ -21,10 +22,17 @@ import setproctitle
 from oslo_log import log as logging
 
 from kuryr_cni.daemon import health
+from kuryr_cni.daemon import server
 
 LOG = logging.getLogger(__name__)
 
 TITLE = 'kuryr-cni-daemon: ops'
+
+# Each port, whoever connects: probes and scrapes are small GETs answered in
+# milliseconds, so two request threads suffice, and the head must be in at
+# once. Two servers at the cap hold ~520 file descriptors, within the usual
+# soft limit of 1024.
+LIMITS = server.Limits(threads=2, connections=256, head_timeout=2, request_timeout=2)
 
 
 class _RegistryCollector:
@@ -66,49 +74,40 @@ class ProbeLog:
         return now
 
 
-class OpsHandler(http.server.BaseHTTPRequestHandler):
-    server_version = 'kuryr-cni'
-    sys_version = ''
-    timeout = 10
+class _PlainErrors:
+    """Refusals, and answers to unknown paths, in plain text."""
 
-    def do_GET(self):
-        if self.path == '/metrics' and self.server.kind == 'metrics':
-            return self._metrics()
-        if self.path in ('/alive', '/ready') and self.server.kind == 'health':
-            probe = self.path[1:]
-            facts = health.judge(self.server.registry)
-            facts['consecutive_failures'] = self.server.probes.record(probe, facts)
-            return self._send(200 if facts[probe] else 503, json.dumps(facts).encode(),
-                              'application/json')
-        self._send(404, b'not found\n', 'text/plain')
-
-    def _metrics(self):
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-        self._send(200, generate_latest(self.server.metrics_registry), CONTENT_TYPE_LATEST)
-
-    def _send(self, status, payload, content_type):
-        self.send_response(status)
-        self.send_header('Content-Type', content_type)
-        self.send_header('Content-Length', str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, fmt, *args):
-        LOG.debug('ops %s ' + fmt, self.path, *args)
+    def refuse(self, status, message):
+        return server.Response(status, message.encode() + b'\n', 'text/plain')
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 128
+class HealthApp(_PlainErrors):
+    """``/alive`` and ``/ready`` (a :class:`kuryr_cni.daemon.server.App`)."""
 
-    def __init__(self, sock, kind, registry, metrics_registry=None):
-        super().__init__(sock.getsockname()[:2], OpsHandler, bind_and_activate=False)
-        self.socket.close()
-        self.socket = sock          # bound and listening in the parent
-        self.kind = kind
+    def __init__(self, registry):
         self.registry = registry
-        self.metrics_registry = metrics_registry
         self.probes = ProbeLog()
+
+    def answer(self, request):
+        if request.method != 'GET' or request.path not in ('/alive', '/ready'):
+            return self.refuse(404, 'not found')
+        probe = request.path[1:]
+        facts = health.judge(self.registry)
+        facts['consecutive_failures'] = self.probes.record(probe, facts)
+        return server.Response(200 if facts[probe] else 503, json.dumps(facts).encode())
+
+
+class MetricsApp(_PlainErrors):
+    """``/metrics`` in the Prometheus text format (a :class:`kuryr_cni.daemon.server.App`)."""
+
+    def __init__(self, metrics_registry):
+        self.metrics_registry = metrics_registry
+
+    def answer(self, request):
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        if request.method != 'GET' or request.path != '/metrics':
+            return self.refuse(404, 'not found')
+        return server.Response(200, generate_latest(self.metrics_registry), CONTENT_TYPE_LATEST)
 
 
 class OpsService(cotyledon.Service):
@@ -135,12 +134,15 @@ class OpsService(cotyledon.Service):
         multiprocess.MultiProcessCollector(metrics_registry)
         metrics_registry.register(_RegistryCollector(self.registry))
         health_sock, metrics_sock = self.socks
-        self.servers = [_Server(health_sock, 'health', self.registry),
-                        _Server(metrics_sock, 'metrics', self.registry, metrics_registry)]
-        threading.Thread(target=self.servers[0].serve_forever, daemon=True).start()
+        self.servers = [server.BoundedServer(health_sock, HealthApp(self.registry), LIMITS,
+                                             'health'),
+                        server.BoundedServer(metrics_sock, MetricsApp(metrics_registry), LIMITS,
+                                             'metrics')]
+        threading.Thread(target=self.servers[0].serve_forever, name='health',
+                         daemon=True).start()
         self.servers[1].serve_forever()
 
     def terminate(self):
         health.wait_for_cni_workers_to_exit(self.registry, self.drain_timeout)
         for srv in self.servers:
-            srv.shutdown()
+            srv.stop(drain_timeout=LIMITS.write_timeout)

@@ -1,10 +1,16 @@
 """Start-up recovery, run by the parent before the socket opens.
 
-1. Reload every persisted binding into the registry mirror.
-2. Reconcile the kernel with it: a host device tagged with a container ID that
-   no binding knows is a leftover (records are persisted before devices are
-   made, and dropped only after they are gone), so it is removed.
-3. Replay the DELs the shim queued while the daemon was down, with the normal
+1. Tidy the state dir: remove the temporary files of writes that never
+   finished, and move bindings of kuryr-cni 0.1.0 to their digest names.
+2. Reload every valid persisted binding into the registry mirror; a file that
+   is not a valid record is set aside, never fatal (:mod:`kuryr_cni.state`).
+3. Compare the kernel with them: a host device whose owner tag names a
+   sandbox that no binding records is reported and left alone. Records are
+   persisted before devices are made and dropped only after they are gone, so
+   such a device means a record was lost (a file set aside, a wiped state
+   dir), not that its sandbox is dead: its pod may well be running. The DEL of
+   that sandbox removes it, by its tag.
+4. Replay the DELs the shim queued while the daemon was down, with the normal
    ownership rules; a corrupt entry is set aside, never fatal.
 
 No request can see a half-rebuilt state because none is accepted yet.
@@ -19,7 +25,6 @@ import time
 
 from oslo_log import log as logging
 
-from kuryr_cni import binding as drivers
 from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni.cni import request as cni_request
@@ -30,27 +35,31 @@ REPLAY_TIMEOUT = 30      # seconds for one queued DEL
 RESYNC_LOCK_TIMEOUT = 5  # seconds to wait for one pod's lock when resyncing the mirror
 
 
-def restore(ownership, store, queue, host_netns=None):
+def restore(ownership, queue, lock_dir):
+    """Recover before serving; returns ``(bindings, unrecorded devices, replayed DELs)``."""
+    store = ownership.store
+    store.remove_temporaries()      # no daemon process writes yet: every one is dead
+    queue.remove_temporaries()
+    store.migrate_legacy_names(lock_dir)
     bindings = store.load_all()
     ownership.registry.bindings.replace(bindings)
-    removed = reconcile(bindings, host_netns, ownership.binding_options)
+    unrecorded = find_unrecorded_devices(bindings, ownership.kernel)
     replayed = replay_queue(ownership, queue)
-    LOG.info('Recovered %d pod bindings, removed %d leftover host devices, '
-             'replayed %d queued DELs', len(bindings), removed, replayed)
-    return len(bindings), removed, replayed
+    LOG.info('Recovered %d pod bindings, found %d host devices of unrecorded sandboxes, '
+             'replayed %d queued DELs', len(bindings), len(unrecorded), replayed)
+    return len(bindings), len(unrecorded), replayed
 
 
-def reconcile(bindings, host_netns=None, binding_options=None):
-    known = {cid for binding in bindings.values() for cid in binding['sandboxes']}
-    removed = 0
-    for container_id, ifname in drivers.tagged_host_devices(host_netns):
-        if container_id not in known:
-            LOG.info('Removing leftover host device of unknown sandbox %s (%s)',
-                     container_id, ifname)
-            drivers.remove_tagged_host_device(container_id, ifname, host_netns,
-                                              binding_options)
-            removed += 1
-    return removed
+def find_unrecorded_devices(bindings, kernel):
+    """Tagged host devices of sandboxes no binding records: logged, never removed."""
+    known = {cid for binding in bindings.values() for cid in binding.sandboxes}
+    unrecorded = [(cid, ifname) for cid, ifname in kernel.tagged_host_devices()
+                  if cid not in known]
+    for cid, ifname in unrecorded:
+        LOG.warning('A host device is tagged for %s of sandbox %s, which no binding records; '
+                    'leaving it alone (its pod may be running; a DEL of that sandbox '
+                    'removes it)', ifname, cid)
+    return unrecorded
 
 
 def replay_queue(ownership, queue, stop=None):
@@ -74,8 +83,7 @@ def replay_queue(ownership, queue, stop=None):
                 LOG.warning('Queued DEL %s failed, keeping it for the next replay: %s',
                             path, exc.msg)
                 continue
-            LOG.error('Setting aside invalid queued DEL %s: %s', path, exc.msg)
-            queue.set_aside(path)
+            queue.set_aside(path, 'an invalid DEL: %s' % exc.msg)
             continue
         except (ConnectionError, EOFError):
             raise           # the registry is gone: nothing more can be replayed
@@ -114,7 +122,7 @@ def resync_mirror(ownership):
                 else:
                     mirror.put(pod_key, binding)
                 fixed += 1
-        except errors.TryAgainLater:
+        except (errors.TryAgainLater, errors.UnreadableState):
             continue
     if fixed:
         LOG.info('Resynced the registry mirror of %d pod bindings with their files', fixed)

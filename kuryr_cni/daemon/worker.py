@@ -1,6 +1,4 @@
-"""The CNI worker process: serves the CNI API on the sockets its parent opened."""
-
-import threading
+"""The CNI worker process: serves the CNI API on the unix socket its parent opened."""
 
 import cotyledon
 import setproctitle
@@ -9,13 +7,16 @@ from oslo_log import log as logging
 from kuryr_cni import apiclient
 from kuryr_cni import binding
 from kuryr_cni import events
+from kuryr_cni import kernel
 from kuryr_cni import ownership
 from kuryr_cni import podlock
 from kuryr_cni import state
 from kuryr_cni import version
+from kuryr_cni.cni import request as cni_request
 from kuryr_cni.daemon import api
 from kuryr_cni.daemon import heartbeat
 from kuryr_cni.daemon import housekeeping
+from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import server
 
 LOG = logging.getLogger(__name__)
@@ -29,9 +30,17 @@ def build_ownership(conf, registry, events=None):
         registry=registry,
         store=state.BindingStore(state_dir),
         locks=podlock.PodLocks(state.ensure_dir(state_dir + '/locks')),
+        kernel=kernel.Kernel(binding_options=binding.Options.from_conf(conf)),
         vif_timeout=conf.cni_daemon.vif_timeout,
-        binding_options=binding.Options.from_conf(conf),
         events=events)
+
+
+def server_limits(opts):
+    """The CNI server's bounds, from ``[cni_daemon]``."""
+    return server.Limits(threads=opts.worker_concurrency, connections=opts.worker_connections,
+                         head_timeout=min(opts.client_head_timeout, opts.client_timeout),
+                         request_timeout=opts.client_timeout,
+                         max_body=cni_request.MAX_BODY_BYTES)
 
 
 def build_event_poster(conf):
@@ -51,43 +60,52 @@ class CNIWorker(cotyledon.Service):
     process exits 0. An exception in ``run`` ends the process with status 1
     and cotyledon starts a replacement. Worker 0 also runs the
     :mod:`~kuryr_cni.daemon.housekeeping` thread.
+
+    Every turn of the server's loop beats (:mod:`~kuryr_cni.daemon.heartbeat`)
+    and tells the registry when the worker's connections reach their cap or
+    have room again: readiness fails while every worker is at its cap.
     """
 
     name = 'cni-worker'
 
-    def __init__(self, worker_id, conf, registry, sockets):
+    def __init__(self, worker_id, conf, registry, sock):
         super().__init__(worker_id)
         self.conf = conf
         self.registry = registry
-        self.sockets = sockets
-        self.servers = []
+        self.sock = sock
+        self.server = None
         self.housekeeper = None
+        self._beat = None
+        self._reported_saturation = False
 
     def run(self):
         setproctitle.setproctitle(TITLE)
         app = api.CNIApp(build_ownership(self.conf, self.registry,
                                          events=build_event_poster(self.conf)),
                          self.registry, self.conf.cni_daemon.request_timeout)
-        inspect = api.InspectApp(self.registry, version.VERSION)
-        self.servers = [server.BoundedServer(sock, api.CNIHandler,
-                                             self.conf.cni_daemon.worker_concurrency,
-                                             app=app, inspect=inspect,
-                                             read_deadline=self.conf.cni_daemon.client_timeout)
-                        for sock in self.sockets]
+        handler = api.CNIHandler(app, api.InspectApp(self.registry, version.VERSION))
+        self.server = server.BoundedServer(self.sock, handler, server_limits(self.conf.cni_daemon),
+                                           'cni', admit=listener.refuse_non_root)
         if self.worker_id == 0:
             self.housekeeper = housekeeping.Housekeeper(
                 app.ownership, state.DelQueue(self.conf.cni_daemon.state_dir)).start()
-        for extra in self.servers[1:]:     # the optional TCP listener
-            threading.Thread(target=extra.serve_forever, daemon=True).start()
-        beat = heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
-                                   self.conf.health.heartbeat_timeout)
-        self.servers[0].serve_forever(tick=beat.beat, tick_interval=beat.interval)
+        self._beat = heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
+                                         self.conf.health.heartbeat_timeout)
+        self.server.serve_forever(tick=self._tick, tick_interval=self._beat.interval)
+
+    def _tick(self):
+        """At the end of every turn of the server's loop: beat, and report saturation."""
+        self._beat.beat()
+        saturated = self.server.saturated
+        if saturated != self._reported_saturation:
+            self.registry.status.set_saturated(self.name, self.worker_id, saturated)
+            self._reported_saturation = saturated
 
     def terminate(self):
         if self.housekeeper is not None:
             self.housekeeper.stop()
-        for srv in self.servers:
-            if not srv.stop(drain_timeout=self.conf.cni_daemon.request_timeout):
-                LOG.warning('Exiting with %d requests still in flight', srv.active)
+        if self.server is not None and not self.server.stop(
+                drain_timeout=self.conf.cni_daemon.request_timeout):
+            LOG.warning('Exiting with %d requests still in flight', self.server.active)
         if self.housekeeper is not None:
             self.housekeeper.join(timeout=self.conf.cni_daemon.request_timeout)

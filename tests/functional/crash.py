@@ -12,6 +12,7 @@ import signal
 import time
 
 from kuryr_cni import ctl
+from kuryr_cni import state
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
@@ -148,11 +149,11 @@ def queue_entries(node):
 
 
 def lock_path(node, pod_key):
-    return os.path.join(node.state_dir, 'locks', pod_key.replace('/', '_') + '.lock')
+    return os.path.join(node.state_dir, 'locks', state.file_stem(pod_key) + '.lock')
 
 
 def binding_path(node, pod_key):
-    return os.path.join(node.state_dir, 'bindings', pod_key.replace('/', '_') + '.json')
+    return os.path.join(node.state_dir, 'bindings', state.file_stem(pod_key) + '.json')
 
 
 def health(node, probe):

@@ -10,6 +10,7 @@ import uuid
 
 from prometheus_client import parser
 
+from kuryr_cni import state
 from kuryr_cni.binding import owner_tag
 
 PROMETHEUS_PORT = 9655
@@ -36,7 +37,7 @@ def stale_dels(node):
 
 
 def binding(node, pod_key):
-    path = os.path.join(node.state_dir, 'bindings', pod_key.replace('/', '_') + '.json')
+    path = os.path.join(node.state_dir, 'bindings', state.file_stem(pod_key) + '.json')
     try:
         with open(path) as f:
             return json.load(f)
@@ -72,7 +73,9 @@ def leftovers(node):
     """What a deleted pod could leave behind: tagged host devices, bindings, locks."""
     devices = sorted(name for name, link in node.links().items()
                      if owner_tag.parse_alias(link.get('ifalias') or ''))
-    bindings = sorted(os.listdir(os.path.join(node.state_dir, 'bindings')))
+    # Files set aside (``.corrupt-<time>``) are kept for the operator on purpose.
+    bindings = sorted(n for n in os.listdir(os.path.join(node.state_dir, 'bindings'))
+                      if '.corrupt-' not in n)
     locks = sorted(os.listdir(os.path.join(node.state_dir, 'locks')))
     return {'devices': devices, 'bindings': bindings, 'locks': locks}
 

@@ -5,6 +5,7 @@ and pods in throwaway namespaces, and asserts what ``ip`` shows there.
 """
 
 import concurrent.futures
+import dataclasses
 import shutil
 import socket
 import threading
@@ -202,15 +203,38 @@ def test_connect_replaces_half_made_leftovers(host_ns, pod_ns, driver):
     driver.check(make_vif(), plug)
 
 
-def test_connect_replaces_stale_pod_interface(host_ns, pod_ns, driver):
+@pytest.mark.parametrize('leftover', ['tagged', 'untagged-with-its-mac'])
+def test_connect_replaces_what_the_same_plug_left_in_the_pod(host_ns, pod_ns, driver, leftover):
     """The runtime retried after a failure left eth0 (alone) in the pod."""
     pod = pod_ns()
+    plug = pod.plug()
     pod.ip('link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'stale0')
+    if leftover == 'tagged':
+        pod.ip('link', 'set', 'eth0', 'alias', owner_tag.alias(plug.container_id, 'eth0'))
+    else:       # made, but killed before it was tagged: only its MAC says it is ours
+        pod.ip('link', 'set', 'eth0', 'address', MAC)
+        plug = dataclasses.replace(plug, mac=MAC)
 
-    driver.connect(make_vif(), pod.plug())
+    driver.connect(make_vif(), plug)
 
     assert sorted(pod.links()) == ['eth0', 'lo']
     assert pod.link('eth0')['address'] == MAC
+    assert pod.links()['eth0']['ifalias'] == owner_tag.alias(plug.container_id, 'eth0')
+
+
+def test_connect_never_removes_a_pod_interface_it_cannot_prove_its_own(host_ns, pod_ns,
+                                                                       driver):
+    """Issue 13 item 6: an eth0 untagged and with another MAC is someone else's."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'eth0', 'type', 'veth', 'peer', 'name', 'stale0')
+    foreign = pod.link('eth0')['address']
+
+    with pytest.raises(errors.BindingFailed) as exc:
+        driver.connect(make_vif(), dataclasses.replace(pod.plug(), mac=MAC))
+
+    assert 'another owner' in exc.value.msg
+    assert pod.link('eth0')['address'] == foreign
+    assert owner_tag.host_ifname('c0ffee', 'eth0') not in host_ns.links()
 
 
 def test_connect_never_takes_over_a_foreign_device(host_ns, pod_ns, driver):

@@ -9,11 +9,9 @@ racing it with a sleep.
 import concurrent.futures
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
-import threading
 import time
 import uuid
 
@@ -95,7 +93,7 @@ def test_del_while_the_daemon_is_down_is_queued_and_replayed_at_start(daemon, ru
     assert owner_tag.host_ifname(a.container_id, 'eth0') in node.links()   # nobody acted yet
 
     node.start_daemon()                         # replays before its socket opens
-    assert crash.queue_entries(node) == ['1-1.json.corrupt']
+    assert [n.partition('.corrupt-')[0] for n in crash.queue_entries(node)] == ['1-1.json']
     assert helpers.leftovers(node) == helpers.NOTHING
     assert set(node.links(a.netns)) == {'lo'}
     assert crash.registry_pods(node) == {}
@@ -121,27 +119,6 @@ def test_del_queued_while_the_daemon_runs_is_replayed(daemon, runtime, tmp_path)
     assert helpers.metric(node, 'kuryr_cni_requests_total', command='DEL', result='noop') == 1
 
 
-def test_start_removes_tagged_devices_that_no_binding_knows(daemon, runtime):
-    node = daemon
-    live = crash.make_pod(node, 8)
-    assert runtime.add(live).ok
-    assert node.stop_daemon() == 0
-    # A veth pair tagged for a sandbox no binding records (its binding was lost).
-    ghost_netns = node.pod_netns()
-    ghost = owner_tag.host_ifname('ghost', 'eth0')
-    testhost.ip('-n', node.ns, 'link', 'add', ghost, 'type', 'veth', 'peer', 'name', 'eth0',
-                'netns', os.path.basename(ghost_netns))
-    testhost.ip('-n', node.ns, 'link', 'set', ghost, 'alias', owner_tag.alias('ghost', 'eth0'))
-    node.start_daemon()
-    assert ghost not in node.links()
-    assert set(node.links(ghost_netns)) == {'lo'}
-    assert_connected(node, live, 8)
-
-
-# Worker death -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize('vif_timeout', [30])
 def test_worker_killed_while_its_add_waits_is_replaced_and_the_retry_succeeds(daemon, runtime):
     node = daemon
     a = crash.make_pod(node, 9, active=False)
@@ -193,13 +170,19 @@ def test_worker_killed_holding_the_pod_lock_wedges_nothing(daemon, runtime, comm
     finally:
         if os.path.exists(saved):
             os.replace(saved, path)
-    assert outcome.error_code == 11, outcome
+    if command == 'ADD':
+        assert outcome.error_code == 11, outcome
+    else:   # DEL is idempotent: the shim queues one left unanswered (issue 13 item 8)
+        assert outcome.ok, outcome
     assert crash.lock_holders(crash.lock_path(node, key)) == []   # the kernel dropped it
     crash.wait_workers(node, gone=holders)
     if command == 'ADD':
         assert runtime.add(a).ok
         assert_connected(node, a, 10)
     else:
+        crash.wait_for(lambda: crash.queue_entries(node) == [], 15,
+                       'the queued DEL to be replayed')
+        assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
         assert runtime.delete(a).ok
         assert helpers.leftovers(node) == helpers.NOTHING
         assert set(node.links(a.netns)) == {'lo'}
@@ -373,64 +356,6 @@ def test_the_request_deadline_bounds_every_wait(node, runtime, vif_timeout):
     waited = time.monotonic() - started
     assert outcome.error_code == 11, outcome
     assert 5 <= waited < 5 + 4, waited
-
-
-def test_idle_and_trickling_clients_cannot_hold_the_workers(node, runtime):
-    # 4 workers of 2 slots each, and 2 s to send a request.
-    node.start_daemon(extra='\n[cni_daemon]\nworker_concurrency = 2\nclient_timeout = 2\n')
-    pod = crash.make_pod(node, 16)
-    crash.wait_seen(node, 1)
-    started = time.monotonic()
-    dropped = {}
-    # Eight clients trickle a header byte every 0.3 s (well within the 10 s
-    # per-receive timeout) and take every slot; four more just connect.
-    clients = [_Client(node.socket, i, trickle=i < 8, dropped=dropped) for i in range(12)]
-    outcome = runtime.add(pod)
-    waited = time.monotonic() - started
-    for client in clients:
-        client.join(15)
-    assert outcome.ok, outcome
-    assert 1.5 <= waited <= 2 + 6, waited       # it waited for the tricklers' deadline only
-    assert sorted(dropped) == list(range(12))
-    trickled = [dropped[i] - started for i in range(8)]
-    idle = [dropped[i] - started for i in range(8, 12)]
-    assert all(1.5 <= t <= 2 + 3 for t in trickled), trickled
-    assert all(3.5 <= t <= 4 + 4 for t in idle), idle    # accepted at ~2 s, dropped 2 s later
-    assert_connected(node, pod, 16)
-
-
-class _Client(threading.Thread):
-    """A client of the CNI socket that never completes its request."""
-
-    def __init__(self, path, number, trickle, dropped):
-        super().__init__(daemon=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)          # queued in order: accepted in this order
-        self.number = number
-        self.trickle = trickle
-        self.dropped = dropped           # number -> when the daemon dropped it
-        self.start()
-
-    def run(self):
-        data = b'POST /addNetwork HTTP/1.1\r\nHost: kuryr-cni\r\nX-Slow: ' + b'a' * 1000
-        sent = 0
-        with self.sock:
-            while True:
-                readable, _, _ = select.select([self.sock], [], [], 0.3)
-                if readable:
-                    try:
-                        if self.sock.recv(4096) == b'':
-                            break
-                    except ConnectionResetError:
-                        break
-                    continue
-                if self.trickle and sent < len(data):
-                    try:
-                        self.sock.send(data[sent:sent + 1])
-                    except (BrokenPipeError, ConnectionResetError):
-                        break
-                    sent += 1
-        self.dropped[self.number] = time.monotonic()
 
 
 # Security -----------------------------------------------------------------------------

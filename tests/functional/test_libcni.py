@@ -75,7 +75,7 @@ def clean(world):
 
 
 @pytest.fixture
-def recorder(tmp_path):
+def recorder(tmp_path, shim_binary):
     """A plugin named kuryr-cni that records its stdin and CNI_* variables, then runs the shim."""
     bin_dir = tmp_path / 'bin'
     records = tmp_path / 'records'
@@ -87,7 +87,7 @@ def recorder(tmp_path):
         'record="%s/$(date +%%s%%N)"\n'
         'cat > "$record.stdin"\n'
         'env | grep "^CNI_" | sort > "$record.env"\n'
-        'exec "%s" < "$record.stdin"\n' % (records, testhost.SHIM))
+        'exec "%s" < "$record.stdin"\n' % (records, shim_binary))
     wrapper.chmod(0o755)
     return str(bin_dir), str(records)
 

@@ -9,6 +9,7 @@ can make an 802.1Q link at all, and skips with that reason where it cannot
 requests are also checked without a kernel in tests/unit/test_nested_requests.py).
 """
 
+import dataclasses
 import shutil
 
 import pytest
@@ -152,14 +153,28 @@ def test_connect_twice_converges_on_one_interface(pod_ns, driver, kind):
 
 
 def test_connect_replaces_its_own_half_made_interface(node, pod_ns, driver, kind):
-    """A connect that died after creation left eth0 without alias or addresses."""
+    """A connect that died after creation left eth0, with the VIF's MAC, without alias."""
     pod = pod_ns()
+    vif = make_vif(kind)
     extra = ['id', str(VLAN_ID)] if kind == 'vlan' else ['mode', 'bridge']
-    node.ip('link', 'add', 'link', PARENT, 'name', 'eth0', 'netns', pod.name, 'type', kind,
-            *extra)
-    driver.connect(make_vif(kind), pod.plug())
+    node.ip('link', 'add', 'link', PARENT, 'name', 'eth0', 'netns', pod.name, 'address',
+            vif.mac, 'type', kind, *extra)
+    driver.connect(vif, dataclasses.replace(pod.plug(), mac=vif.mac))
     assert pod.link('eth0')['ifalias'] == 'kuryr-cni:c0ffee:eth0'
     assert pod.addresses('eth0') == {'10.99.0.5/24', 'fd99::5/64'}
+
+
+def test_connect_never_removes_an_untagged_interface_of_another_mac(node, pod_ns, driver,
+                                                                    kind):
+    """Issue 13 item 6: untagged, and not the VIF's MAC: someone else's."""
+    pod = pod_ns()
+    vif = make_vif(kind)
+    extra = ['id', str(VLAN_ID)] if kind == 'vlan' else ['mode', 'bridge']
+    node.ip('link', 'add', 'link', PARENT, 'name', 'eth0', 'netns', pod.name, 'address',
+            'fa:16:3e:99:99:99', 'type', kind, *extra)
+    with pytest.raises(errors.BindingFailed, match='belongs to another owner'):
+        driver.connect(vif, dataclasses.replace(pod.plug(), mac=vif.mac))
+    assert pod.link('eth0')['address'] == 'fa:16:3e:99:99:99'
 
 
 def test_connect_never_takes_over_a_foreign_interface(node, pod_ns, driver, kind):

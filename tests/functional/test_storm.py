@@ -49,6 +49,7 @@ import time
 
 import pytest
 
+from kuryr_cni import state
 from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
@@ -442,7 +443,7 @@ def _assert_nothing_else_left(node, storm, live):
     for pod in storm.pods:
         for sandbox in pod.gone:
             assert set(node.links(sandbox.netns)) == {'lo'}, (pod.name, sandbox.container_id)
-    files = {k.replace('/', '_') for k in live}
+    files = {state.file_stem(k) for k in live}
     assert sorted(os.listdir(os.path.join(node.state_dir, 'bindings'))) == \
         sorted(f + '.json' for f in files)
     assert sorted(os.listdir(os.path.join(node.state_dir, 'locks'))) == \

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from kuryr_cni import kernel as kernel_port
 from kuryr_cni import metrics
 from kuryr_cni import ownership
 from kuryr_cni import podlock
@@ -51,7 +52,7 @@ def world(netns_factory, tmp_path, monkeypatch):
         rules = ownership.Ownership(
             registry=registry, store=state.BindingStore(str(tmp_path / 'state')),
             locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'state' / 'locks'))),
-            vif_timeout=2, host_netns=host.path)
+            kernel=kernel_port.Kernel(host_netns=host.path), vif_timeout=2)
         yield rules, kernel, netns_factory, evictions
     finally:
         manager.shutdown()
@@ -90,7 +91,7 @@ def test_add_of_a_new_sandbox_evicts_the_old_vlan_interface(world):
     assert last_old < first_add
     assert evictions == [1]
     binding = rules.store.load(POD)
-    assert binding['owner'] == 'sandbox-b' and list(binding['sandboxes']) == ['sandbox-b']
+    assert binding.owner == 'sandbox-b' and list(binding.sandboxes) == ['sandbox-b']
 
 
 def test_late_del_of_the_old_sandbox_touches_nothing_of_the_new(world):

@@ -32,3 +32,22 @@ def registry():
     manager, reg = registry_mod.Registry.start(title='kuryr-cni-daemon: registry (test)')
     yield reg
     manager.shutdown()
+
+
+@pytest.fixture
+def kernel():
+    """The kernel port's recording stand-in (tests/unit/recording_kernel.py)."""
+    from tests.unit import recording_kernel
+    return recording_kernel.RecordingKernel()
+
+
+@pytest.fixture
+def ownership(registry, kernel, tmp_path):
+    """The real ownership rules over a real registry, store and pod locks, and ``kernel``."""
+    from kuryr_cni import ownership as ownership_mod
+    from kuryr_cni import podlock
+    from kuryr_cni import state
+    return ownership_mod.Ownership(
+        registry=registry, store=state.BindingStore(str(tmp_path / 'state')),
+        locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'state' / 'locks'))),
+        kernel=kernel, vif_timeout=2)

@@ -1,33 +1,30 @@
 """The daemon's CNI API for GC and STATUS, with a real registry, store and pod locks.
 
 The registry is a real multiprocessing Manager, bindings are real files and
-pod locks real flocks; attachments use the ``noop`` binding driver (the
-reference driver, which plugs nothing), so no root or kernel is needed.
+pod locks real flocks; the kernel is the recording stand-in of the ownership
+rules' port, so no root is needed.
 """
 
-import dataclasses
 import json
 import os
 import time
 
 import pytest
 
-from kuryr_cni import ownership as ownership_mod
-from kuryr_cni import podlock
-from kuryr_cni import state
+from kuryr_cni import records
 from kuryr_cni import vif as vif_model
 from kuryr_cni.cni import request as cni_request
 from kuryr_cni.daemon import api
 
 NETWORK = 'kuryr'
 CONFIG = {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}
+VIF = vif_model.parse_vif({'kind': 'bridge', 'port_id': 'port-1', 'bridge': 'br0',
+                           'mac': 'fa:16:3e:00:00:01', 'ips': ['10.0.0.1/24']})
 
 
 @pytest.fixture
-def owner(registry, tmp_path):
-    return ownership_mod.Ownership(
-        registry=registry, store=state.BindingStore(str(tmp_path)),
-        locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'locks'))), vif_timeout=5)
+def owner(ownership):
+    return ownership
 
 
 @pytest.fixture
@@ -35,29 +32,21 @@ def app(owner, registry):
     return api.CNIApp(owner, registry, request_timeout=30)
 
 
-def noop_vif():
-    vif = vif_model.parse_vif({'kind': 'bridge', 'port_id': 'port-1', 'bridge': 'br0',
-                               'mac': 'fa:16:3e:00:00:01', 'ips': ['10.0.0.1/24']})
-    return dataclasses.replace(vif, kind='noop').to_dict()
-
-
 def attach(owner, pod, cid, ifname='eth0', network=NETWORK, added_at=None):
     """Record a ready attachment of ``cid`` to ``pod``, as an ADD leaves it."""
     key = 'default/' + pod
-    binding = owner.store.load(key) or {'pod': key, 'owner': cid, 'uid': None,
-                                        'sandboxes': {}}
-    sandbox = binding['sandboxes'].setdefault(cid, {'netns': '', 'uid': None,
-                                                    'attachments': {}})
-    sandbox['attachments']['%s/%s' % (network, ifname)] = {
-        'state': 'ready', 'result': {}, 'added_at': time.time() if added_at is None else added_at,
-        'interfaces': [{'ifname': ifname, 'vif': noop_vif(), 'default_route': True}]}
-    owner.store.save(key, binding)
+    binding = owner.store.load(key) or records.Binding(key, owner=cid)
+    sandbox = binding.sandboxes.setdefault(cid, records.Sandbox(cid, ''))
+    sandbox.attachments[(network, ifname)] = records.Attachment(
+        network, ifname, [records.Interface(ifname, VIF, True)], state=records.READY,
+        added_at=time.time() if added_at is None else added_at, result={})
+    owner.store.save(binding)
     owner.registry.bindings.put(key, binding)
 
 
 def attachments(owner):
-    return sorted((b['pod'], cid, key) for b in owner.store.load_all().values()
-                  for cid, sandbox in b['sandboxes'].items() for key in sandbox['attachments'])
+    return sorted((b.pod, cid, '%s/%s' % key) for b in owner.store.load_all().values()
+                  for cid, sandbox in b.sandboxes.items() for key in sandbox.attachments)
 
 
 def gc(app, config):
@@ -76,7 +65,7 @@ def test_gc_collects_what_is_not_valid_in_its_network_only(app, owner, tmp_path)
     assert gc(app, {'cni.dev/valid-attachments': valid(('cid-a', 'eth0'))}) == (204, b'')
     assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0'),
                                   ('default/c', 'cid-c', 'other/eth0')]
-    assert os.listdir(tmp_path / 'locks') == []     # collected pods leave no lock file
+    assert os.listdir(owner.locks.directory) == []     # collected pods leave no lock file
 
 
 def test_gc_empty_list_collects_all_and_the_alias_counts(app, owner):

@@ -212,7 +212,6 @@ def test_add_parses_every_field():
         pod=request.PodRef('demo', 'web-0', '1b2c-3d4e'),
         config={'cniVersion': '1.0.0', 'name': 'kuryr', 'type': 'kuryr-cni'})
     assert req.pod.key == 'demo/web-0'
-    assert req.attachment == request.Attachment('kuryr', CID, 'eth0')
     assert req.prev_result is None
 
 

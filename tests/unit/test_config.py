@@ -25,7 +25,7 @@ def test_defaults_match_the_contract(tmp_path):
     conf = config.load([])
     assert conf.cni_daemon.socket == '/run/kuryr-cni/daemon.sock'
     assert conf.cni_daemon.state_dir == '/var/lib/kuryr-cni'
-    assert conf.cni_daemon.bind_address is None
+    assert 'bind_address' not in conf.cni_daemon        # no TCP listener (issue 13 item 1)
     assert conf.cni_daemon.vif_source == 'annotation'
     assert conf.binding.ovsdb_connection == 'unix:/run/openvswitch/db.sock'
     assert (conf.health.host, conf.health.port) == ('0.0.0.0', 8090)

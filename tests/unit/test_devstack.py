@@ -15,7 +15,6 @@ The readiness wait talks to a real HTTP server on 127.0.0.1 through the real
 
 import configparser
 import http.server
-import importlib.util
 import json
 import os
 import shutil
@@ -33,12 +32,13 @@ REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / 'devstack' / 'plugin.sh'
 SETTINGS = REPO / 'devstack' / 'settings'
 
-SHIM = REPO / 'shim' / 'kuryr-cni'
-# What `kuryr-cni --install DIR` writes into DIR.
-INSTALLED = sorted(['.kuryr-cni', '.kuryr-cni/__pycache__', '.kuryr-cni/kuryr_cni_shim.py',
-                    '.kuryr-cni/__pycache__/' + os.path.basename(
-                        importlib.util.cache_from_source('kuryr_cni_shim.py')),
-                    'kuryr-cni'])
+# tools/build-shim as the plugin runs it, standing in for a Go build: it puts
+# the shim this test session built where the real script puts it.
+BUILD_SHIM = r'''#!/bin/sh
+printf 'build-shim\036' >> "$KC_CALLS"
+[ -z "$KC_BUILD_FAILS" ] || { echo "go: build failed" >&2; exit 1; }
+cp "$KC_SHIM" "$(dirname "$0")/../shim/kuryr-cni"
+'''
 
 # DevStack's functions, as far as the plugin uses them. Calls are appended to
 # $KC_CALLS as fields separated by \x1f, records by \x1e.
@@ -87,6 +87,7 @@ sudo() {
 run_process() { _kc_record run_process "$@"; }
 stop_process() { _kc_record stop_process "$@"; }
 pip_install() { _kc_record pip_install "$@"; }
+install_package() { _kc_record install_package "$@"; }
 
 # Like `pip install -e`: leaves the console script behind.
 setup_develop() {
@@ -188,7 +189,7 @@ def ready_server():
 class Stack:
     """One temporary DevStack host: its paths, and a way to run phases."""
 
-    def __init__(self, tmp_path, health_port):
+    def __init__(self, tmp_path, health_port, shim):
         self.root = tmp_path / 'root'
         self.stubs = tmp_path / 'stubs'
         self.calls_file = tmp_path / 'calls'
@@ -205,7 +206,9 @@ class Stack:
         self.kubeconfig = r / 'etc/kubernetes/admin.conf'
 
         (self.home / 'shim').mkdir(parents=True)
-        shutil.copy2(SHIM, self.home / 'shim/kuryr-cni')   # the real one: it installs itself
+        (self.home / 'tools').mkdir()
+        (self.home / 'tools/build-shim').write_text(BUILD_SHIM)
+        (self.home / 'tools/build-shim').chmod(0o755)
         (r / 'tmp').mkdir()
         self.stubs.mkdir()
         (self.stubs / 'functions.sh').write_text(STUBS)
@@ -223,6 +226,7 @@ class Stack:
             'KC_CALLS': str(self.calls_file),
             'KC_VENV_BIN': str(self.venv_bin),
             'KC_PYTHON': sys.executable,
+            'KC_SHIM': shim,
             'KC_SETTINGS': str(SETTINGS),
             'KC_PLUGIN': str(PLUGIN),
             # What DevStack defines before plugins run.
@@ -297,8 +301,8 @@ needs_curl = pytest.mark.skipif(shutil.which('curl') is None,
 
 
 @pytest.fixture
-def host(tmp_path, ready_server):
-    return Stack(tmp_path, ready_server.port)
+def host(tmp_path, ready_server, shim_binary):
+    return Stack(tmp_path, ready_server.port, shim_binary)
 
 
 # --- the harness itself ------------------------------------------------------
@@ -322,14 +326,16 @@ def test_iniset_stub_adds_and_replaces(host):
 
 # --- stack install -----------------------------------------------------------
 
-def test_install_develops_the_package_and_installs_the_shim(host):
+def test_install_develops_the_package_then_builds_and_installs_the_shim(host, shim_binary):
     host.run('stack', 'install')
 
     assert host.calls('setup_develop') == [[str(host.home)]]
-    assert _tree(host.cni_bin_dir) == INSTALLED
+    assert host.calls('install_package') == [['golang-go']]
+    assert host.calls('build-shim') == [[]]
+    assert _tree(host.cni_bin_dir) == ['kuryr-cni']     # no temporary file left
     shim = host.cni_bin_dir / 'kuryr-cni'
     assert _mode(shim) == 0o755
-    assert (host.cni_bin_dir / '.kuryr-cni/kuryr_cni_shim.py').read_bytes() == SHIM.read_bytes()
+    assert shim.read_bytes() == Path(shim_binary).read_bytes()
     _assert_answers_version(shim)
 
 
@@ -342,7 +348,7 @@ def test_install_replaces_an_existing_shim_in_place(host):
 
     _assert_answers_version(host.cni_bin_dir / 'kuryr-cni')
     assert (host.cni_bin_dir / 'loopback').read_text() == 'another plugin'
-    assert _tree(host.cni_bin_dir) == sorted(INSTALLED + ['loopback'])
+    assert _tree(host.cni_bin_dir) == ['kuryr-cni', 'loopback']
 
 
 def _tree(directory):
@@ -356,17 +362,15 @@ def _assert_answers_version(shim):
     assert json.loads(proc.stdout)['cniVersion'] == '1.1.0'
 
 
-def test_install_dies_without_the_shim(host):
-    (host.home / 'shim/kuryr-cni').unlink()
-    proc = host.run('stack', 'install', check=False)
+def test_install_dies_when_the_shim_does_not_build(host):
+    proc = host.run('stack', 'install', env={'KC_BUILD_FAILS': '1'}, check=False)
     assert proc.returncode != 0
-    assert 'CNI shim not found' in proc.stderr
+    assert 'Cannot build the CNI shim' in proc.stderr
+    assert not (host.cni_bin_dir / 'kuryr-cni').exists()
 
 
-def test_repository_ships_the_shim_the_plugin_installs():
-    shim = REPO / 'shim' / 'kuryr-cni'
-    assert shim.is_file(), 'devstack/plugin.sh installs %s' % shim
-    assert shim.read_text().startswith('#!/usr/bin/python3 ')
+def test_the_plugin_builds_with_the_repository_build_script():
+    assert os.access(REPO / 'tools' / 'build-shim', os.X_OK)
 
 
 # --- stack post-config -------------------------------------------------------
@@ -580,8 +584,10 @@ def test_clean_removes_what_stack_made_and_nothing_else(host):
     host.run('unstack')
     host.run('clean')
 
-    # Only the console script of the (stubbed) pip install stays.
-    assert host.files() - before == {Path('opt/stack/data/venv/bin/kuryr-cni-daemon')}
+    # Only the console script of the (stubbed) pip install and the shim built
+    # in the checkout stay.
+    assert host.files() - before == {Path('opt/stack/data/venv/bin/kuryr-cni-daemon'),
+                                     Path('opt/stack/kuryr-cni/shim/kuryr-cni')}
     assert before <= host.files()
     for gone in (host.conf_dir, host.state_dir, host.run_dir):
         assert not gone.exists(), gone

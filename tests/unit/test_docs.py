@@ -18,7 +18,7 @@ from kuryr_cni import metrics
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / 'doc' / 'source'
 PAGES = ('index', 'architecture', 'ownership', 'install', 'configuration', 'operations',
-         'troubleshooting', 'benchmark')
+         'security', 'troubleshooting', 'benchmark')
 
 
 @pytest.fixture(scope='module')
@@ -66,7 +66,8 @@ def test_the_operations_page_lists_every_metric_and_alert():
 def test_the_health_semantics_are_documented_as_implemented():
     text = _rst('operations')
     for problem in ('registry unavailable', 'no CNI worker serving', 'watcher stuck or dead',
-                    'watcher not synced with the API server', 'shutting down'):
+                    'watcher not synced with the API server', 'CNI socket saturated',
+                    'shutting down'):
         assert '``%s``' % problem in text, problem
     assert 'heartbeat_timeout' in text and 'consecutive_failures' in text
 

@@ -7,7 +7,6 @@ and a real datagram socket standing in for systemd's NOTIFY_SOCKET.
 import logging
 import os
 import socket
-import threading
 import time
 
 import pytest
@@ -17,7 +16,6 @@ from kuryr_cni.daemon import health
 from kuryr_cni.daemon import heartbeat
 from kuryr_cni.daemon import ops
 from kuryr_cni.daemon import sdnotify
-from kuryr_cni.daemon import server
 
 
 def _register(reg, role, worker_id=0, pid=None, age=0.0):
@@ -77,10 +75,9 @@ def test_dead_and_zombie_workers_do_not_serve(registry):
     if pid == 0:
         os._exit(0)
     try:
-        # Exited, not reaped yet: a zombie, which os.kill(pid, 0) would call alive.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and _state(pid) != 'Z':
-            time.sleep(0.01)
+        # Exited, not reaped yet (WNOWAIT): a zombie, which os.kill(pid, 0) would call alive.
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        assert _state(pid) == 'Z'
         _register(registry, 'cni-worker', 0, pid=pid)
         assert health.judge(registry)['workers'] == 1
     finally:
@@ -91,6 +88,26 @@ def test_dead_and_zombie_workers_do_not_serve(registry):
 def _state(pid):
     with open('/proc/%d/stat' % pid) as f:
         return f.read().rpartition(')')[2].split()[0]
+
+
+def test_a_saturated_socket_is_alive_but_not_ready_until_a_worker_has_room(registry):
+    _healthy(registry)
+    registry.status.set_saturated('cni-worker', 0, True)
+    assert health.judge(registry)['ready']          # worker 1 still takes connections
+    registry.status.set_saturated('cni-worker', 1, True)
+    facts = health.judge(registry)
+    assert (facts['alive'], facts['ready'], facts['socket_saturated']) == (True, False, True)
+    assert facts['problems'] == ['CNI socket saturated']
+    registry.status.set_saturated('cni-worker', 0, False)
+    assert health.judge(registry)['ready']
+
+
+def test_a_restarted_worker_starts_unsaturated(registry):
+    _healthy(registry)
+    registry.status.set_saturated('cni-worker', 0, True)
+    registry.status.set_saturated('cni-worker', 1, True)
+    _register(registry, 'cni-worker', 1)        # its successor
+    assert health.judge(registry)['ready']
 
 
 def test_shutting_down_is_not_ready_and_draining_workers_need_no_beat(registry):
@@ -137,78 +154,14 @@ def test_probe_failures_count_up_and_reset_on_success(caplog):
                         '/ready is failing: watcher not synced with the API server']
 
 
-# --- the bounded server's tick (the CNI workers' heartbeat) ------------------------
-
-def test_the_accept_loop_ticks_while_idle_and_stops_with_it(tmp_path):
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(tmp_path / 's'))
-    listener.listen(1)
-    ticks = []
-    enough = threading.Event()
-
-    def tick():
-        ticks.append(time.monotonic())
-        if len(ticks) >= 3:
-            enough.set()
-
-    srv = server.BoundedServer(listener, server.QuietHandler, concurrency=1)
-    thread = threading.Thread(target=srv.serve_forever, args=(tick, 0.05), daemon=True)
-    thread.start()
-    try:
-        assert enough.wait(5)
-    finally:
-        srv.stop(drain_timeout=1)
-        thread.join(5)
-        listener.close()
-    assert not thread.is_alive()
-    count = len(ticks)
-    time.sleep(0.2)
-    assert len(ticks) == count
-
-
-class _SlowHandler(server.QuietHandler):
-    """Answers GET after working longer than the read deadline."""
-
-    def do_GET(self):
-        self.request_received()
-        time.sleep(0.6)
-        self.send_json(200, b'{}')
-
-
-def test_only_clients_whose_request_is_late_are_dropped(tmp_path):
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(tmp_path / 's'))
-    listener.listen(8)
-    srv = server.BoundedServer(listener, _SlowHandler, concurrency=4, read_deadline=0.3)
-    thread = threading.Thread(target=srv.serve_forever, args=(None, 0.05), daemon=True)
-    thread.start()
-    try:
-        silent = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
-        served = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        for sock in silent + [served]:
-            sock.settimeout(5)
-            sock.connect(str(tmp_path / 's'))
-        served.sendall(b'GET / HTTP/1.1\r\nHost: x\r\n\r\n')
-        started = time.monotonic()
-        for sock in silent:
-            assert sock.recv(100) == b''            # dropped, with nothing sent back
-            assert 0.2 <= time.monotonic() - started < 3
-        assert served.recv(100).startswith(b'HTTP/1.1 200')   # not dropped while worked on
-        for sock in silent + [served]:
-            sock.close()
-    finally:
-        srv.stop(drain_timeout=1)
-        thread.join(5)
-        listener.close()
-
-
 # --- systemd notify ----------------------------------------------------------------
 
 @pytest.fixture
 def systemd(tmp_path):
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / 'notify'))
-    sock.settimeout(0.2)
+    # The notifier sends from the calling thread: what it sent is queued on return.
+    sock.setblocking(False)
     yield sock, {'NOTIFY_SOCKET': str(tmp_path / 'notify')}
     sock.close()
 
@@ -218,7 +171,7 @@ def _received(sock):
     try:
         while True:
             lines.extend(sock.recv(4096).decode().split('\n'))
-    except socket.timeout:
+    except BlockingIOError:
         return lines
 
 

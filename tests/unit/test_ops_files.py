@@ -204,10 +204,16 @@ def _dockerfile_instructions():
     return instructions
 
 
-def _final_stage():
+def _stage(name=None):
+    """The instructions of the stage ``name`` (``FROM ... AS name``), or of the last one."""
     instructions = _dockerfile_instructions()
-    last_from = max(i for i, (word, _) in enumerate(instructions) if word == 'FROM')
-    return instructions[last_from:]
+    starts = [i for i, (word, _) in enumerate(instructions) if word == 'FROM']
+    if name is None:
+        return instructions[starts[-1]:]
+    for start, end in zip(starts, starts[1:] + [len(instructions)]):
+        if instructions[start][1].split()[-2:] == ['AS', name]:
+            return instructions[start:end]
+    raise AssertionError('no stage %s in the Dockerfile' % name)
 
 
 def _copies(stage):
@@ -230,19 +236,50 @@ def test_image_is_built_on_python_311_bookworm():
 
 
 def test_image_installs_the_package_and_stages_the_shim():
-    stage = _final_stage()
+    stage = _stage()
     runs = ' '.join(args for word, args in stage if word == 'RUN')
     assert re.search(r'pip install .*\bkuryr-cni\b', runs)
     copies = _copies(stage)
-    assert copies['/opt/cni-bin-stage/kuryr-cni'] == 'shim/kuryr-cni'
     for src in copies.values():
         assert (REPO / src).exists(), src
-    for dst in copies:
+    staged = [args for word, args in stage
+              if word == 'COPY' and args.endswith(' /opt/cni-bin-stage/kuryr-cni')]
+    assert staged == ['--from=shim /kuryr-cni /opt/cni-bin-stage/kuryr-cni']
+    for dst in list(copies) + ['/opt/cni-bin-stage/kuryr-cni']:
         assert dst in runs, '%s is not made executable' % dst
 
 
+def test_image_builds_the_shim_with_debians_go_and_the_build_script():
+    stage = _stage('shim')
+    assert stage[0][1].split()[0] == 'debian:bookworm-slim'
+    runs = [args for word, args in stage if word == 'RUN']
+    assert 'apt-get install -y --no-install-recommends golang-go' in runs[0]
+    assert runs[-1] == '/src/tools/build-shim /kuryr-cni'
+
+
+def test_image_shim_stage_copies_what_the_build_needs(tmp_path, shim_binary):
+    """Run the stage's build on exactly what it copies (under tmp_path, as /src)."""
+    stage = _stage('shim')
+    for args in (args for word, args in stage if word == 'COPY'):
+        *sources, dst = args.split()
+        assert dst.startswith('/src/'), dst
+        for src in sources:
+            target = tmp_path / (dst[1:] + os.path.basename(src) if dst.endswith('/')
+                                 else dst[1:])
+            target.parent.mkdir(parents=True, exist_ok=True)
+            copy = shutil.copytree if (REPO / src).is_dir() else shutil.copy2
+            copy(REPO / src, target)
+    build = [args for word, args in stage if word == 'RUN'][-1].split()
+    out = tmp_path / 'kuryr-cni'
+    env = dict(os.environ, GOCACHE=str(REPO / '.cache' / 'go-build'))   # warm: fast
+    proc = subprocess.run([str(tmp_path) + build[0], str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes() == Path(shim_binary).read_bytes()   # the same build
+
+
 def test_image_entrypoint_is_the_script_that_installs_the_shim():
-    stage = _final_stage()
+    stage = _stage()
     entrypoints = [args for word, args in stage if word == 'ENTRYPOINT']
     assert len(entrypoints) == 1
     command = json.loads(entrypoints[0])   # exec form: the daemon gets the signals
@@ -257,7 +294,7 @@ def test_image_entrypoint_is_the_script_that_installs_the_shim():
 class Node:
     """A node's CNI directories and a stand-in daemon, under tmp_path."""
 
-    def __init__(self, tmp_path):
+    def __init__(self, tmp_path, shim):
         self.tmp = tmp_path
         self.bin_dir = tmp_path / 'host/opt/cni/bin'
         self.conf_dir = tmp_path / 'host/etc/cni/net.d'
@@ -271,7 +308,7 @@ class Node:
         for d in (self.bin_dir, self.conf_dir, self.stage.parent, self.config_dir,
                   self.node_config.parent):
             d.mkdir(parents=True)
-        shutil.copy2(REPO / 'shim' / 'kuryr-cni', self.stage)   # the real one: it installs itself
+        shutil.copy2(shim, self.stage)
         self.config.write_text('[DEFAULT]\n')
         self.conflist.write_text('{"cniVersion": "1.1.0", "name": "kuryr", "plugins": []}\n')
         # Records its pid and arguments, and the node config as it saw it.
@@ -309,8 +346,8 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path):
-    return Node(tmp_path)
+def node(tmp_path, shim_binary):
+    return Node(tmp_path, shim_binary)
 
 
 def test_entrypoint_installs_shim_and_conflist_then_execs_the_daemon(node):
@@ -322,7 +359,7 @@ def test_entrypoint_installs_shim_and_conflist_then_execs_the_daemon(node):
     assert installed.read_bytes() == node.conflist.read_bytes()
     assert stat.S_IMODE(installed.stat().st_mode) == 0o644
     # Nothing left behind under temporary names.
-    assert sorted(p.name for p in node.bin_dir.iterdir()) == ['.kuryr-cni', 'kuryr-cni']
+    assert [p.name for p in node.bin_dir.iterdir()] == ['kuryr-cni']
     assert [p.name for p in node.conf_dir.iterdir()] == ['10-kuryr.conflist']
 
     # exec'd (same pid: kubelet's SIGTERM reaches the daemon), per-node config
@@ -351,12 +388,11 @@ def test_entrypoint_replaces_an_installed_shim(node):
 
 
 def _assert_shim_installed(node):
-    """A launcher that answers VERSION, running the staged shim's copy."""
-    launcher = node.bin_dir / 'kuryr-cni'
-    assert stat.S_IMODE(launcher.stat().st_mode) == 0o755
-    module = node.bin_dir / '.kuryr-cni' / 'kuryr_cni_shim.py'
-    assert module.read_bytes() == node.stage.read_bytes()
-    proc = subprocess.run([str(launcher)], env={'CNI_COMMAND': 'VERSION'}, capture_output=True,
+    """The staged executable, copied, answering VERSION."""
+    shim = node.bin_dir / 'kuryr-cni'
+    assert stat.S_IMODE(shim.stat().st_mode) == 0o755
+    assert shim.read_bytes() == node.stage.read_bytes()
+    proc = subprocess.run([str(shim)], env={'CNI_COMMAND': 'VERSION'}, capture_output=True,
                           stdin=subprocess.DEVNULL, timeout=30)
     assert (proc.returncode, proc.stderr) == (0, b'')
     assert json.loads(proc.stdout)['cniVersion'] == '1.1.0'

@@ -1,44 +1,33 @@
-"""Recovery steps that also run while the daemon runs: mirror resync, DEL queue replay.
+"""Start-up recovery, and the steps that also run while the daemon runs: mirror
+resync, DEL queue replay, tidying of temporary files.
 
-Against a real registry Manager and a real state directory. The replay tests
-give ``replay_queue`` an ownership whose ``delete`` is scripted (a real DEL
-would reach the machine's own network namespace, which unit tests never
-touch); what is checked is what replay does with each outcome.
+Against a real registry Manager, a real state directory and the recording
+kernel port. Some replay tests give ``replay_queue`` an ownership whose
+``delete`` is scripted, to check what replay does with each outcome.
 """
 
 import json
 import os
 import threading
 
-import pytest
-
 from kuryr_cni import errors
-from kuryr_cni import ownership as ownership_mod
-from kuryr_cni import podlock
+from kuryr_cni import records
 from kuryr_cni import state
 from kuryr_cni.daemon import housekeeping
 from kuryr_cni.daemon import recovery
 
 
 def binding(pod, owner):
-    return {'pod': pod, 'owner': owner, 'uid': 'u',
-            'sandboxes': {owner: {'netns': '/run/netns/x', 'uid': 'u', 'attachments': {}}}}
-
-
-@pytest.fixture
-def ownership(registry, tmp_path):
-    return ownership_mod.Ownership(
-        registry=registry, store=state.BindingStore(str(tmp_path)),
-        locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'locks'))), vif_timeout=1)
+    return records.Binding(pod, owner, 'u', {owner: records.Sandbox(owner, '/run/netns/x', 'u')})
 
 
 def test_resync_makes_the_mirror_equal_the_files(ownership, registry, tmp_path):
     store = ownership.store
-    store.save('ns/only-file', binding('ns/only-file', 'c1'))           # mirror never written
-    store.save('ns/differs', binding('ns/differs', 'c2'))
+    store.save(binding('ns/only-file', 'c1'))           # mirror never written
+    store.save(binding('ns/differs', 'c2'))
     registry.bindings.put('ns/differs', binding('ns/differs', 'c-old'))  # file newer
     registry.bindings.put('ns/only-mirror', binding('ns/only-mirror', 'c3'))   # file removed
-    store.save('ns/same', binding('ns/same', 'c4'))
+    store.save(binding('ns/same', 'c4'))
     registry.bindings.put('ns/same', binding('ns/same', 'c4'))
 
     assert recovery.resync_mirror(ownership) == 3
@@ -46,15 +35,15 @@ def test_resync_makes_the_mirror_equal_the_files(ownership, registry, tmp_path):
     assert registry.bindings.find_container('c3') is None
     assert registry.bindings.find_container('c2') == 'ns/differs'
     # No lock file is left for the pod that has no binding.
-    assert sorted(os.listdir(tmp_path / 'locks')) == ['ns_differs.lock', 'ns_only-file.lock',
-                                                      'ns_same.lock']
+    assert sorted(os.listdir(ownership.locks.directory)) == sorted(
+        state.file_stem(pod) + '.lock' for pod in ('ns/differs', 'ns/only-file', 'ns/same'))
     assert recovery.resync_mirror(ownership) == 0
 
 
 def test_resync_skips_a_pod_whose_lock_stays_busy(ownership, registry, monkeypatch):
     monkeypatch.setattr(recovery, 'RESYNC_LOCK_TIMEOUT', 0.1)
-    ownership.store.save('ns/busy', binding('ns/busy', 'c1'))
-    ownership.store.save('ns/free', binding('ns/free', 'c2'))
+    ownership.store.save(binding('ns/busy', 'c1'))
+    ownership.store.save(binding('ns/free', 'c2'))
     held = threading.Event()
     release = threading.Event()
 
@@ -111,7 +100,9 @@ def test_replay_removes_done_entries_and_keeps_what_may_succeed_later(tmp_path):
                              'invalid': errors.InvalidEnvironment('no')})
     assert recovery.replay_queue(owner, queue) == 2
     assert owner.seen == ['done', 'busy', 'bug', 'invalid', 'stale']
-    assert sorted(os.listdir(queue.directory)) == ['2-1.json', '3-1.json', '4-1.json.corrupt']
+    kept, aside = sorted(os.listdir(queue.directory))[:2], sorted(os.listdir(queue.directory))[2:]
+    assert kept == ['2-1.json', '3-1.json']
+    assert [name.partition('.corrupt-')[0] for name in aside] == ['4-1.json']
 
 
 def test_replay_stops_between_entries_when_asked(tmp_path):
@@ -132,7 +123,7 @@ def test_replay_stops_between_entries_when_asked(tmp_path):
 
 def test_housekeeper_resyncs_only_when_asked(ownership, registry, tmp_path):
     keeper = housekeeping.Housekeeper(ownership, state.DelQueue(str(tmp_path)))
-    ownership.store.save('ns/web', binding('ns/web', 'c1'))
+    ownership.store.save(binding('ns/web', 'c1'))
     keeper.tick()
     assert registry.bindings.get('ns/web') is None        # nobody died: nothing to fix
     registry.status.request_resync()

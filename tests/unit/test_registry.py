@@ -17,6 +17,7 @@ import time
 import pytest
 from prometheus_client import parser as prom_parser
 
+from kuryr_cni import records
 from kuryr_cni import registry as registry_mod
 
 FORK = multiprocessing.get_context('fork')
@@ -121,10 +122,20 @@ def test_synced_flag(reg):
     assert reg.is_synced() is False
 
 
+def binding(pod, **sandboxes):
+    """A binding whose sandboxes have ``n`` attachments each (``cid=n``)."""
+    def sandbox(cid, n):
+        return records.Sandbox(cid, '/run/netns/x', attachments={
+            ('kuryr', 'eth%d' % i): records.Attachment('kuryr', 'eth%d' % i, [])
+            for i in range(n)})
+    return records.Binding(pod, next(iter(sandboxes), None),
+                           sandboxes={cid: sandbox(cid, n) for cid, n in sandboxes.items()})
+
+
 def _child_writes(reg):
     reg.put_pod('demo/web-0', {'uid': 'u-child', 'vifs': {'eth0': {'mtu': 1450}}})
     reg.mark_synced(True)
-    reg.bindings.put('demo/web-0', {'pod': 'demo/web-0', 'sandboxes': {'c-child': {}}})
+    reg.bindings.put('demo/web-0', binding('demo/web-0', **{'c-child': 0}))
     reg.status.process_started('cni-worker', 7, os.getpid(), 1.0)
 
 
@@ -154,12 +165,6 @@ def test_concurrent_writers_lose_nothing(reg, children):
     assert reg.pods.get('ns3/pod-49') == {'uid': '49'}
 
 
-def binding(pod, **sandboxes):
-    return {'pod': pod, 'owner': next(iter(sandboxes), None),
-            'sandboxes': {cid: {'attachments': {'kuryr/eth%d' % i: {} for i in range(n)}}
-                          for cid, n in sandboxes.items()}}
-
-
 def test_find_container_follows_puts_drops_and_replace(reg):
     table = reg.bindings
     assert table.find_container('c1') is None
@@ -187,8 +192,8 @@ def test_find_container_follows_puts_drops_and_replace(reg):
 
 
 def test_binding_without_sandboxes_is_indexed_as_nothing(reg):
-    reg.bindings.put('demo/a', {'pod': 'demo/a', 'owner': None})
-    assert reg.bindings.get('demo/a') == {'pod': 'demo/a', 'owner': None}
+    reg.bindings.put('demo/a', records.Binding('demo/a'))
+    assert reg.bindings.get('demo/a') == records.Binding('demo/a')
     assert reg.bindings.count_attachments() == 0
 
 

@@ -1,8 +1,8 @@
 """One whole benchmark run, phase after phase; returns the raw measurements.
 
 Order: start both systems → daemon PSS idle → VERSION start-up → serial ADD
-and DEL → throughput at each concurrency → bare interpreter starts, then the
-shim against a stub daemon, at the highest concurrency → ADD latency with no
+and DEL → throughput at each concurrency → the shim against a stub daemon, at
+the highest concurrency → ADD latency with no
 pods attached → system after system: attach ``memory_pods`` → (kuryr-cni)
 daemon PSS → ADD latency with them attached → delete them → ADD latency with
 none again → check nothing is left → daemon PSS with ``workers`` and
@@ -92,8 +92,6 @@ def _measure(systems, kuryr, options, log):
         out['throughput'][str(concurrency)] = workload.throughput(
             systems, lambda: fresh(base), concurrency, options.rounds)
     top = max(options.concurrency)
-    log('Bare interpreter starts at concurrency %d' % top)
-    out['bare_python_cpu'] = workload.bare_python_cpu(kuryr, options.pods, top)
     log('The shim against a stub daemon at concurrency %d' % top)
     out['shim_alone_cpu'] = workload.shim_alone_cpu(
         kuryr, os.path.join(kuryr.host.workdir, 'stub.sock'), options.pods, top)

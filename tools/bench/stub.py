@@ -2,7 +2,7 @@
 
 It measures the shim alone: with the daemon's work taken away, what is left
 of an operation's CPU is what any daemon behind this shim builds on (the
-interpreter, the shim's own code, the socket round trip). ADD gets a fixed
+exec, the shim's own code, the socket round trip). ADD gets a fixed
 result of the size and shape the real daemon sends, every other call 204.
 """
 

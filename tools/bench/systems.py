@@ -8,7 +8,8 @@ a bridge holding the gateway address, as a router would), with their own bridge
 name and subnet, and every plugin exec happens inside that host's namespace
 (:mod:`tools.bench.driver`).
 
-* :class:`KuryrSystem`: the shim ``shim/kuryr-cni`` talking to the daemon,
+* :class:`KuryrSystem`: the shim (``shim/kuryr-cni``, copied into the host's
+  CNI bin dir as operators install it) talking to the daemon,
   started inside the host with production logging (no debug), its pods and
   their bridge-kind VIFs served by the host's Kubernetes API stand-in.
 * :class:`ReferenceSystem`: Debian's ``containernetworking-plugins``,
@@ -81,7 +82,7 @@ class System:
         self.cni_path = cni_path
         self.driver = driver_mod.Driver(host.ns)
         self.cache = {}         # container ID -> ADD result (the runtime's result cache)
-        # CPU seconds of the last run(): {'plugin', 'service', 'service_sys'}
+        # CPU seconds of the last run(): {'plugin', 'service_user', 'service_sys'}
         self.last_cpu = None
         self._netns = {}        # pod index -> its network namespace path
 
@@ -128,8 +129,7 @@ class System:
         user_before, sys_before = self.service_cpu()
         wall, results = self.driver.run([self.op(command, s) for s in sandboxes], concurrency)
         user_after, sys_after = self.service_cpu()
-        self.last_cpu = {'plugin': self.driver.cpu,
-                         'service': user_after + sys_after - user_before - sys_before,
+        self.last_cpu = {'plugin': self.driver.cpu, 'service_user': user_after - user_before,
                          'service_sys': sys_after - sys_before}
         for sandbox, result in zip(sandboxes, results):
             if result['code'] != 0:

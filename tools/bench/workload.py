@@ -10,12 +10,9 @@ samples keyed by system name.
 
 import json
 
-from tools.testbed import host as testhost
 from tools.bench import stub
 from tools.bench.systems import BenchError, Sandbox
 
-# The interpreter starting and leaving at once, without teardown, as the shim leaves.
-BARE_PYTHON = ['/usr/bin/python3', '-IS', '-c', 'import posix; posix._exit(0)']
 WARM_UP = 3
 
 
@@ -25,18 +22,12 @@ def alternate(systems, step):
 
 
 def version_startup(systems, runs):
-    """Seconds of VERSION runs: the shim, the reference plugin, and two yardsticks.
+    """Seconds of VERSION runs of each system's plugin, the order rotating each round.
 
-    The bare interpreter (:data:`BARE_PYTHON`) is the floor any Python shim
-    stands on; ``shim/kuryr-cni`` run as a plain script, not installed, shows
-    what compiling it on every run costs. Both run by the first system's
-    driver, with the same environment as its VERSION. The first ``WARM_UP``
-    rounds fill the page cache and are not kept.
+    VERSION is answered by the plugin alone: what is left is the cost of an
+    exec of it. The first ``WARM_UP`` rounds fill the page cache and are not kept.
     """
-    first = systems[0]
-    yardsticks = [('bare_python', first, dict(first.version_op(), argv=BARE_PYTHON)),
-                  ('shim_script', first, dict(first.version_op(), argv=[testhost.SHIM]))]
-    jobs = yardsticks + [(s.name, s, s.version_op()) for s in systems]
+    jobs = [(s.name, s, s.version_op()) for s in systems]
     samples = {name: [] for name, _, _ in jobs}
     for step in range(WARM_UP + runs):
         shift = step % len(jobs)
@@ -47,17 +38,6 @@ def version_startup(systems, runs):
             if step >= WARM_UP:
                 samples[name].append(result['seconds'])
     return samples
-
-
-def bare_python_cpu(system, count, concurrency):
-    """CPU seconds per exec of ``count`` bare interpreters run ``concurrency`` at a time.
-
-    The floor under any CPython shim's CPU per operation on a busy machine,
-    measured as the throughput phases measure the plugins.
-    """
-    op = dict(system.version_op(), argv=BARE_PYTHON)
-    system.driver.run([op] * count, concurrency)
-    return system.driver.cpu / count
 
 
 def shim_alone_cpu(system, socket_path, count, concurrency):
@@ -121,11 +101,12 @@ def throughput(systems, make_sandboxes, concurrency, rounds):
 
     ``make_sandboxes()`` returns fresh sandboxes per system for each round.
     Returns ``{name: {'ADD': ops/s, 'DEL': ops/s, 'rounds': [...], 'cpu_ms':
-    {'ADD': {'plugin', 'service', 'service_sys'}, 'DEL': {...}}}}``: the rate
+    {'ADD': {'plugin', 'service_user', 'service_sys'}, 'DEL': {...}}}}``: the rate
     is all operations over all wall time, ``cpu_ms`` the CPU milliseconds per
-    operation of the plugin processes and of the system's long-running
-    processes (kuryr-cni's daemon; ``service_sys`` is the part of it spent in
-    the kernel), which tell what limits the rate.
+    operation of the plugin processes (``plugin``) and of the system's
+    long-running processes (kuryr-cni's daemon) in user space
+    (``service_user``) and in the kernel (``service_sys``), which tell what
+    limits the rate.
     """
     totals = {s.name: {'ADD': [0, 0.0], 'DEL': [0, 0.0]} for s in systems}
     cpu = {s.name: {'ADD': {}, 'DEL': {}} for s in systems}

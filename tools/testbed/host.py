@@ -21,13 +21,12 @@ import uuid
 
 from kuryr_cni import netns
 from tools.testbed import apiserver
+from tools.testbed import shim
 
 BRIDGE = 'kuryr-br0'
 SUBNET_PREFIX = '10.10.0'
 GATEWAY = SUBNET_PREFIX + '.1'
 NODE = 'node-1'
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHIM = os.path.join(REPO, 'shim', 'kuryr-cni')
 
 
 def ip(*args, check=True):
@@ -66,12 +65,10 @@ class Host:
         return self.api
 
     def install_shim(self):
-        """Install the shim as operators do (``kuryr-cni --install``); return its path."""
+        """Install the shim as operators do (a copy of the executable); return its path."""
         bin_dir = os.path.join(self.workdir, 'cni-bin')
         os.makedirs(bin_dir, exist_ok=True)
-        subprocess.run([SHIM, '--install', bin_dir], check=True, capture_output=True,
-                       timeout=60)
-        return os.path.join(bin_dir, 'kuryr-cni')
+        return shim.install(bin_dir)
 
     # Pods --------------------------------------------------------------------
 

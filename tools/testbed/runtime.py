@@ -37,7 +37,7 @@ import json
 import os
 import subprocess
 
-from tools.testbed import host as testhost
+from tools.testbed import shim as testshim
 
 CACHE_KIND = 'cniCacheV1'
 LIBCNI_VERSION = '1.1.0'        # what libcni's GetVersionInfo sends: its own newest version
@@ -93,8 +93,8 @@ class Outcome:
 
 class Runtime:
     def __init__(self, socket_path, state_dir, cache_dir, cni_version='1.1.0',
-                 network='kuryr', shim=testhost.SHIM, timeout=110):
-        self.shim = shim
+                 network='kuryr', shim=None, timeout=110):
+        self.shim = shim or testshim.built()
         self.cache_dir = cache_dir
         self.network = network
         self.cni_version = cni_version

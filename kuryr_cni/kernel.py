@@ -1,0 +1,77 @@
+"""Everything the ownership rules ask of the kernel, as one small port.
+
+:class:`kuryr_cni.ownership.Ownership` decides which sandbox may touch what;
+this is how its decisions reach the kernel, and nothing else. The daemon uses
+:class:`Kernel`, which hands each call to :mod:`kuryr_cni.netns`,
+:mod:`kuryr_cni.podview` and the binding drivers (:mod:`kuryr_cni.binding`).
+Unit tests hand the rules a recording stand-in with the same methods, so the
+whole rule matrix runs without root.
+
+Failure behaviour is the drivers' (see :mod:`kuryr_cni.binding.base`):
+:class:`errors.InvalidEnvironment` for a path that is no pod namespace,
+:class:`errors.BindingFailed` for a kernel refusal, code 11 for a netlink
+request left unanswered.
+"""
+
+from kuryr_cni import binding as drivers
+from kuryr_cni import netns
+from kuryr_cni import podview
+from kuryr_cni.binding import owner_tag
+from kuryr_cni.binding import podside
+
+
+class Kernel:
+    """The real port: host devices in ``host_netns`` (None: the daemon's own)."""
+
+    def __init__(self, host_netns=None, binding_options=None):
+        self.host_netns = host_netns
+        self.binding_options = binding_options      # kuryr_cni.binding.Options; None: defaults
+
+    # Pod namespaces ----------------------------------------------------------
+
+    def check_netns(self, path):
+        """Raise InvalidEnvironment unless ``path`` is a pod's network namespace."""
+        netns.check_netns(path, host=self.host_netns)
+
+    def netns_exists(self, path):
+        """Whether ``path`` still names a network namespace (a DEL may come after it went)."""
+        return netns.exists(path)
+
+    def link_names(self, path):
+        """The interface names in the pod namespace ``path``."""
+        return netns.link_names(path, host=self.host_netns)
+
+    def link_owner(self, path, ifname):
+        """``(container_id, ifname)`` of the owner tag of ``ifname`` in ``path``, else None."""
+        with netns.open_netns(path, host=self.host_netns) as fd, netns.iproute(fd) as ipr:
+            link = podside.get_link(ipr, ifname)
+        return owner_tag.parse_alias(link.get('ifalias')) if link else None
+
+    def observe(self, path):
+        """What CHECK compares with prevResult: see :func:`kuryr_cni.podview.observe`."""
+        return podview.observe(path, host=self.host_netns)
+
+    # Plugging, through the driver of the VIF's kind --------------------------------
+
+    def connect(self, vif, plug):
+        self._driver(vif.kind).connect(vif, plug)
+
+    def disconnect(self, kind, plug):
+        self._driver(kind).disconnect(plug)
+
+    def check(self, vif, plug):
+        self._driver(vif.kind).check(vif, plug)
+
+    # Host devices known by their owner tag alone ------------------------------------
+
+    def tagged_host_devices(self):
+        """``(container_id, pod_ifname)`` of every host device carrying our owner tag."""
+        return drivers.tagged_host_devices(self.host_netns)
+
+    def remove_tagged(self, container_id, ifname):
+        """Remove the host devices tagged (``container_id``, ``ifname``), if any."""
+        drivers.remove_tagged_host_device(container_id, ifname, self.host_netns,
+                                          self.binding_options)
+
+    def _driver(self, kind):
+        return drivers.get_driver(kind, self.host_netns, self.binding_options)

@@ -1,0 +1,3 @@
+module kuryr-cni/shim
+
+go 1.19

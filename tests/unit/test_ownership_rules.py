@@ -1,0 +1,365 @@
+"""The ownership rules of DESIGN §3, as a table: every command against every situation.
+
+ADD, DEL, CHECK and GC × the request's sandbox being the owner, another
+sandbox, or unknown × the same or another pod UID × the owner settled or its
+ADD still in flight × before or after a daemon restart. Each case runs real
+requests through the daemon's CNI API (:class:`kuryr_cni.daemon.api.CNIApp`)
+against a real registry Manager, real binding files and real pod locks; the
+kernel is the recording stand-in of the rules' port (tests/unit/
+recording_kernel.py), so the table runs without root. Each case asserts the
+answer, exactly which devices were created or removed, which metrics moved,
+and who owns the pod afterwards. The real kernel's side of the same rules is
+in tests/functional (test_sandbox_race, test_bridge, test_faults).
+
+Metrics: the counters are moved through :mod:`kuryr_cni.metrics`' functions,
+which the ``moved`` fixture records instead of exporting (their Prometheus
+side is tested in tests/unit/test_monitoring.py and the functional tests).
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+
+import pytest
+
+from kuryr_cni import metrics
+from kuryr_cni import ownership as ownership_mod
+from kuryr_cni import podlock
+from kuryr_cni import registry as registry_mod
+from kuryr_cni import state
+from kuryr_cni import vif as vif_model
+from kuryr_cni.daemon import api
+from kuryr_cni.daemon import recovery
+from tests import wait
+
+NETWORK = 'kuryr'
+NAMESPACE, NAME = 'default', 'web-0'
+POD = '%s/%s' % (NAMESPACE, NAME)
+UID1, UID2 = 'uid-1', 'uid-2'
+PATHS = {command: path for path, command in api.ROUTES.items()}
+
+
+class WorkerKilled(BaseException):
+    """Raised from inside a plug: the worker dies there (nothing of it catches this)."""
+
+
+def bridge_vif(active=True):
+    return vif_model.parse_vif({'kind': 'bridge', 'port_id': 'port-5', 'bridge': 'br0',
+                                'mac': 'fa:16:3e:00:00:05', 'ips': ['10.0.0.5/24'],
+                                'gateway': '10.0.0.1', 'active': active}).to_dict()
+
+
+class World:
+    """One node: the daemon's rules behind its CNI API, one pod, sandboxes named by letter."""
+
+    def __init__(self, tmp_path, kernel):
+        self.state_dir = str(tmp_path / 'state')
+        self.kernel = kernel
+        self.managers = []
+        self.pod_record = None
+        self.results = {}               # container ID -> its ADD's result (prevResult)
+        self.pool = concurrent.futures.ThreadPoolExecutor(4)
+        self.in_flight = {}             # container ID -> future of its ADD
+        self._start()
+
+    def _start(self):
+        manager, self.registry = registry_mod.Registry.start(
+            title='kuryr-cni-daemon: registry (test)')
+        self.managers.append(manager)
+        self.ownership = ownership_mod.Ownership(
+            registry=self.registry, store=state.BindingStore(self.state_dir),
+            locks=podlock.PodLocks(state.ensure_dir(self.state_dir + '/locks')),
+            kernel=self.kernel, vif_timeout=3)
+        self.app = api.CNIApp(self.ownership, self.registry, request_timeout=30)
+        if self.pod_record is not None:
+            self.registry.put_pod(POD, self.pod_record)
+
+    def close(self):
+        self.activate()
+        self.pool.shutdown(wait=True)
+        for manager in self.managers:
+            manager.shutdown()
+
+    # The watcher's side ------------------------------------------------------------
+
+    def publish(self, uid=UID1, active=True):
+        self.pod_record = {'uid': uid, 'vifs': {'eth0': bridge_vif(active)}, 'error': None,
+                           'deleting': False}
+        self.registry.put_pod(POD, self.pod_record)
+
+    def activate(self):
+        if self.pod_record is not None:
+            self.publish(self.pod_record['uid'], active=True)
+
+    # The runtime's side ----------------------------------------------------------
+
+    def request(self, command, cid, uid=UID1, netns=None, pod=True, valid=None):
+        """Send one CNI request; returns ``'ok'`` or the CNI error code."""
+        args = ['IgnoreUnknown=1']
+        if pod:
+            args += ['K8S_POD_NAMESPACE=%s' % NAMESPACE, 'K8S_POD_NAME=%s' % NAME]
+            if uid:
+                args.append('K8S_POD_UID=%s' % uid)
+        config = {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}
+        if netns is None:
+            netns = self.netns(cid) if command in ('ADD', 'DEL', 'CHECK') else ''
+        if command == 'CHECK':
+            # What the runtime cached from the ADD; one it never got answered, made up.
+            config['prevResult'] = self.results.get(cid) or {
+                'cniVersion': '1.1.0', 'interfaces': [{'name': 'eth0', 'sandbox': netns}],
+                'ips': [{'address': '10.0.0.5/24', 'interface': 0}]}
+        if valid is not None:
+            config['cni.dev/valid-attachments'] = [{'containerID': c, 'ifname': 'eth0'}
+                                                   for c in valid]
+        body = {'CNI_COMMAND': command, 'CNI_CONTAINERID': cid if command != 'GC' else '',
+                'CNI_NETNS': netns, 'CNI_IFNAME': 'eth0' if command != 'GC' else '',
+                'CNI_ARGS': ';'.join(args), 'CNI_PATH': '/opt/cni/bin', 'config': config}
+        status, payload = self.app.handle(PATHS[command], json.dumps(body).encode())
+        if status == 200 and command == 'ADD':
+            self.results[cid] = json.loads(payload)
+        return 'ok' if status in (200, 204) else json.loads(payload)['code']
+
+    def netns(self, cid):
+        path = '/run/netns/' + cid
+        if path not in self.kernel.namespaces:
+            self.kernel.add_netns(path)
+        return path
+
+    def start_add(self, cid, uid=UID1):
+        """An ADD that has claimed the pod and waits for its VIFs (activate() lets it go)."""
+        self.publish(uid, active=False)
+        self.in_flight[cid] = self.pool.submit(self.request, 'ADD', cid, uid)
+        wait.until(lambda: self.owner() == cid and cid in self.registry.status.adds_since(0),
+                   what='the ADD of %s to claim the pod' % cid)
+
+    def add_beside_in_flight(self, cid, **opts):
+        """An ADD sent while another waits for VIFs: it claims, then the VIFs come."""
+        future = self.pool.submit(self.request, 'ADD', cid, **opts)
+        wait.until(lambda: self.owner() == cid, what='the ADD of %s to claim the pod' % cid)
+        self.activate()
+        return future.result(timeout=30)
+
+    def finish(self, cid):
+        """Let the in-flight ADD of ``cid`` go on; return its answer."""
+        self.activate()
+        return self.in_flight.pop(cid).result(timeout=30)
+
+    # What the daemon knows ---------------------------------------------------------
+
+    def owner(self):
+        binding = self.ownership.store.load(POD)
+        return binding.owner if binding else None
+
+    def restart(self):
+        """The daemon restarts: a new registry, recovery from the state dir."""
+        self.managers.pop().shutdown()
+        self._start()
+        recovery.restore(self.ownership, state.DelQueue(self.state_dir),
+                         self.ownership.locks.directory)
+
+    def crash_mid_plug(self, cid):
+        """The worker serving the ADD of ``cid`` dies after creating its devices."""
+        self.kernel.fail_connect = WorkerKilled()
+        with pytest.raises(WorkerKilled):
+            self.request('ADD', cid)
+
+    def vanish(self, cid):
+        """Someone deletes the pod end of ``cid``'s interface behind the daemon's back."""
+        del self.kernel.namespaces[self.netns(cid)]['eth0']
+
+    def lose_record(self):
+        """The pod's binding file is lost (set aside after a crash, or wiped)."""
+        self.ownership.store.remove(POD)
+
+    def effects(self):
+        """What changed in the kernel since the last call, in words."""
+        words = []
+        for verb, where, *rest in self.kernel.take_effects():
+            cid = rest[-1] if where == 'pod' else rest[0]
+            words.append('%s %s %s' % (verb, where, cid))
+        return words
+
+
+@pytest.fixture
+def moved(monkeypatch):
+    """The metrics the daemon moved, as ``(metric, labels...)`` tuples."""
+    seen = []
+    monkeypatch.setattr(metrics, 'observe_request',
+                        lambda command, result, seconds: seen.append(('requests', command,
+                                                                      result)))
+    monkeypatch.setattr(metrics, 'stale_del_rejected',
+                        lambda reason: seen.append(('stale_del', reason)))
+    monkeypatch.setattr(metrics, 'sandbox_evicted', lambda: seen.append(('evictions',)))
+    monkeypatch.setattr(metrics, 'vif_waited', lambda seconds: None)
+    return seen
+
+
+@pytest.fixture
+def world(tmp_path, kernel):
+    w = World(tmp_path, kernel)
+    w.publish()
+    yield w
+    w.close()
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    given: list            # steps: (verb, container ID, options)
+    when: tuple            # (command, container ID, options)
+    answer: object         # 'ok' or the CNI error code
+    effects: list          # what the request changed in the kernel
+    moved: list            # the metrics it moved besides requests_total
+    owner: str | None      # who owns the pod afterwards
+    result: str = None     # the DEL/GC outcome counted in requests_total (default by answer)
+    then_in_flight: tuple = ()     # (container ID, its ADD's final answer)
+
+
+def _given(world, steps):
+    for verb, cid, opts in steps:
+        if verb == 'add':
+            assert world.request('ADD', cid, **opts) == 'ok', (verb, cid)
+        elif verb == 'del':
+            assert world.request('DEL', cid, **opts) == 'ok', (verb, cid)
+        elif verb == 'publish':
+            world.publish(**opts)
+        elif verb == 'start_add':
+            world.start_add(cid, **opts)
+        elif verb == 'restart':
+            world.restart()
+        elif verb == 'lose_record':
+            world.lose_record()
+        elif verb == 'delete_netns':
+            world.kernel.delete_netns(world.netns(cid))
+        elif verb == 'netns':
+            world.netns(cid)
+        elif verb == 'crash_mid_plug':
+            world.crash_mid_plug(cid)
+        elif verb == 'vanish':
+            world.vanish(cid)
+        else:
+            raise AssertionError('unknown step %s' % verb)
+
+
+def step(verb, cid=None, **opts):
+    return (verb, cid, opts)
+
+
+HOST_A = ['remove host A', 'remove pod A']
+MAKE_A = ['create pod A', 'create host A']
+MAKE_B = ['create pod B', 'create host B']
+
+CASES = [
+    # ADD ----------------------------------------------------------------------
+    Case('add/none', [], ('ADD', 'A', {}), 'ok', MAKE_A, [], 'A'),
+    Case('add/owner-settled-retry-converges', [step('add', 'A')], ('ADD', 'A', {}), 'ok',
+         HOST_A + MAKE_A, [], 'A'),
+    Case('add/other-settled-same-uid-evicts', [step('add', 'A')], ('ADD', 'B', {}), 'ok',
+         HOST_A + MAKE_B, [('evictions',)], 'B'),
+    Case('add/other-settled-new-uid-evicts',
+         [step('add', 'A'), step('publish', uid=UID2)], ('ADD', 'B', {'uid': UID2}), 'ok',
+         HOST_A + MAKE_B, [('evictions',)], 'B'),
+    Case('add/uid-the-watcher-does-not-show-times-out',
+         [step('add', 'A')], ('ADD', 'B', {'uid': UID2}), 11, [], [], 'A'),
+    Case('add/killed-mid-plug-retry-after-restart-converges',
+         [step('crash_mid_plug', 'A'), step('restart')], ('ADD', 'A', {}), 'ok',
+         HOST_A + MAKE_A, [], 'A'),
+    Case('add/other-in-flight-is-replaced',
+         [step('start_add', 'A')], ('ADD', 'B', {}), 'ok', MAKE_B, [('evictions',)], 'B',
+         then_in_flight=('A', 11)),
+    Case('add/owner-after-restart-evicts-by-record',
+         [step('add', 'A'), step('restart')], ('ADD', 'B', {}), 'ok', HOST_A + MAKE_B,
+         [('evictions',)], 'B'),
+    Case('add/owner-in-another-netns-is-refused', [step('add', 'A'), step('netns', 'B')],
+         ('ADD', 'A', {'netns': '/run/netns/B'}), 4, [], [], 'A'),
+    Case('add/record-lost-retry-converges', [step('add', 'A'), step('lose_record')],
+         ('ADD', 'A', {}), 'ok', HOST_A + MAKE_A, [], 'A'),
+    # DEL ----------------------------------------------------------------------
+    Case('del/owner-settled', [step('add', 'A')], ('DEL', 'A', {}), 'ok', HOST_A, [], None,
+         result='success'),
+    Case('del/owner-second-del-without-netns', [step('add', 'A')],
+         ('DEL', 'A', {'netns': ''}), 'ok', HOST_A, [], None, result='success'),
+    Case('del/owner-repeated-is-noop', [step('add', 'A'), step('del', 'A')],
+         ('DEL', 'A', {}), 'ok', [], [], None, result='noop'),
+    Case('del/owner-without-pod-identity', [step('add', 'A')],
+         ('DEL', 'A', {'pod': False}), 'ok', HOST_A, [], None, result='success'),
+    Case('del/owner-without-pod-identity-after-restart', [step('add', 'A'), step('restart')],
+         ('DEL', 'A', {'pod': False}), 'ok', HOST_A, [], None, result='success'),
+    Case('del/owner-after-its-netns-went', [step('add', 'A'), step('delete_netns', 'A')],
+         ('DEL', 'A', {'netns': ''}), 'ok', [], [], None, result='success'),
+    Case('del/owner-killed-mid-plug-after-restart',
+         [step('crash_mid_plug', 'A'), step('restart')], ('DEL', 'A', {}), 'ok', HOST_A, [],
+         None, result='success'),
+    Case('del/owner-in-flight', [step('start_add', 'A')], ('DEL', 'A', {}), 'ok', [], [],
+         None, result='success', then_in_flight=('A', 11)),
+    Case('del/other-settled-same-uid-is-stale', [step('add', 'A'), step('add', 'B')],
+         ('DEL', 'A', {}), 'ok', [], [('stale_del', 'container_id_mismatch')], 'B',
+         result='stale'),
+    Case('del/other-settled-other-uid-is-stale',
+         [step('add', 'A'), step('publish', uid=UID2), step('add', 'B', uid=UID2)],
+         ('DEL', 'A', {}), 'ok', [], [('stale_del', 'pod_uid_mismatch')], 'B',
+         result='stale'),
+    Case('del/other-in-flight-is-stale', [step('add', 'A'), step('start_add', 'B')],
+         ('DEL', 'A', {}), 'ok', [], [('stale_del', 'container_id_mismatch')], 'B',
+         result='stale', then_in_flight=('B', 'ok')),
+    Case('del/other-after-restart-is-stale',
+         [step('add', 'A'), step('add', 'B'), step('restart')],
+         ('DEL', 'A', {}), 'ok', [], [('stale_del', 'container_id_mismatch')], 'B',
+         result='stale'),
+    Case('del/unknown-is-noop', [], ('DEL', 'A', {}), 'ok', [], [], None, result='noop'),
+    Case('del/unknown-while-another-owns-is-stale', [step('add', 'B')], ('DEL', 'A', {}),
+         'ok', [], [('stale_del', 'container_id_mismatch')], 'B', result='stale'),
+    Case('del/record-lost-removes-only-its-tagged-devices',
+         [step('add', 'A'), step('lose_record')], ('DEL', 'A', {}), 'ok', HOST_A, [], None,
+         result='noop'),
+    Case('del/record-lost-other-sandbox-untouched',
+         [step('add', 'A'), step('lose_record')], ('DEL', 'B', {}), 'ok', [], [], None,
+         result='noop'),
+    # CHECK --------------------------------------------------------------------
+    Case('check/owner-settled', [step('add', 'A')], ('CHECK', 'A', {}), 'ok', [], [], 'A',
+         result='success'),
+    Case('check/owner-after-restart', [step('add', 'A'), step('restart')],
+         ('CHECK', 'A', {}), 'ok', [], [], 'A', result='success'),
+    Case('check/owner-whose-interface-went', [step('add', 'A'), step('vanish', 'A')],
+         ('CHECK', 'A', {}), 100, [], [], 'A'),
+    Case('check/owner-killed-mid-plug-after-restart',
+         [step('crash_mid_plug', 'A'), step('restart')], ('CHECK', 'A', {}), 100, [], [], 'A'),
+    Case('check/other-settled-is-unknown', [step('add', 'A'), step('add', 'B')],
+         ('CHECK', 'A', {}), 3, [], [], 'B'),
+    Case('check/unknown', [], ('CHECK', 'A', {}), 3, [], [], None),
+    # GC -----------------------------------------------------------------------
+    Case('gc/owner-settled-not-valid-is-collected', [step('add', 'A')],
+         ('GC', None, {'valid': []}), 'ok', HOST_A, [], None, result='success'),
+    Case('gc/owner-settled-valid-is-kept', [step('add', 'A')],
+         ('GC', None, {'valid': ['A']}), 'ok', [], [], 'A', result='success'),
+    Case('gc/owner-retry-in-flight-is-spared', [step('add', 'A'), step('start_add', 'A')],
+         ('GC', None, {'valid': []}), 'ok', [], [], 'A', result='success',
+         then_in_flight=('A', 'ok')),
+    Case('gc/stale-other-sandbox-in-flight-owner-kept',
+         [step('add', 'A'), step('start_add', 'B')], ('GC', None, {'valid': []}), 'ok', [],
+         [], 'B', result='success', then_in_flight=('B', 'ok')),
+    Case('gc/owner-after-restart-is-collected', [step('add', 'A'), step('restart')],
+         ('GC', None, {'valid': []}), 'ok', HOST_A, [], None, result='success'),
+    Case('gc/owner-of-another-network-is-kept', [step('add', 'A')],
+         ('GC', None, {'valid': None}), 'ok', [], [], 'A', result='noop'),
+]
+
+
+@pytest.mark.parametrize('case', CASES, ids=[c.name for c in CASES])
+def test_rule(world, moved, case):
+    _given(world, case.given)
+    world.effects()
+    moved.clear()
+    command, cid, opts = case.when
+    if command == 'ADD' and world.in_flight:
+        answer = world.add_beside_in_flight(cid, **opts)
+    else:
+        answer = world.request(command, cid, **opts)
+    assert answer == case.answer
+    assert world.effects() == case.effects
+    result = case.result or ('success' if answer == 'ok' else 'error')
+    assert moved == case.moved + [('requests', command, result)]
+    if case.then_in_flight:
+        in_flight, final = case.then_in_flight
+        assert world.finish(in_flight) == final
+    assert world.owner() == case.owner
