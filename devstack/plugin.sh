@@ -23,9 +23,12 @@
 # DevStack sources this file (it is never executed) once per phase, with the
 # mode and the phase as arguments, after devstack/settings:
 #
-#     stack install      pip-install the package, build and install the CNI shim
+#     stack install      check the Kubernetes settings, install the package in
+#                        its own virtualenv, build and install the CNI shim
 #     stack post-config  write the daemon's config file and the CNI conflist
 #     stack extra        start kuryr-cni-daemon, wait until /ready answers 200
+#     stack test-config  with KURYR_CNI_SMOKE_TEST=True: start a pod, prove
+#                        kuryr-cni plumbed it, delete it
 #     unstack            stop kuryr-cni-daemon
 #     clean              remove everything "stack" installed or wrote
 #
@@ -38,20 +41,23 @@ set -o xtrace
 
 # The absolute path of the daemon's console script.
 function kuryr_cni_daemon_bin {
-    echo "${KURYR_CNI_DAEMON_BIN:-$(get_python_exec_prefix)/kuryr-cni-daemon}"
+    echo "$KURYR_CNI_VENV/bin/kuryr-cni-daemon"
 }
 
-# The URL of the readiness endpoint, reachable from this host whatever
-# address the health server is bound to.
-function kuryr_cni_ready_url {
-    local host=$KURYR_CNI_HEALTH_HOST
+# http://<host>:$2$3, reaching from this host a server bound to address $1.
+function kuryr_cni_local_url {
+    local host=$1
     case "$host" in
         ''|0.0.0.0) host=127.0.0.1 ;;
         ::|'[::]') host='[::1]' ;;
         \[*) ;;
         *:*) host="[$host]" ;;
     esac
-    echo "http://${host}:${KURYR_CNI_HEALTH_PORT}/ready"
+    echo "http://${host}:$2$3"
+}
+
+function kuryr_cni_ready_url {
+    kuryr_cni_local_url "$KURYR_CNI_HEALTH_HOST" "$KURYR_CNI_HEALTH_PORT" /ready
 }
 
 # Copy $1 to $2 with mode $3 so that readers see either the old file or the
@@ -64,27 +70,47 @@ function kuryr_cni_install_atomic {
     sudo mv -f "$tmp" "$dst" || die $LINENO "Cannot move $tmp to $dst"
 }
 
+# What devstack-plugin-container's kubeadm_init and kubeadm_join need, checked
+# before they run (their phase, post-config, comes after this one).
+function check_kuryr_cni_kubernetes_settings {
+    is_service_enabled k8s-master k8s-node || return 0
+    # Their docker path points kubelet at dockershim, gone since Kubernetes 1.24.
+    [[ "${CONTAINER_ENGINE:-}" == crio ]] || die $LINENO \
+        "CONTAINER_ENGINE=${CONTAINER_ENGINE:-} (unset: docker): kubeadm from devstack-plugin-container needs CONTAINER_ENGINE=crio"
+    [[ "${K8S_TOKEN:-}" =~ ^[a-z0-9]{6}\.[a-z0-9]{16}$ ]] || die $LINENO \
+        "K8S_TOKEN must be a kubeadm bootstrap token, [a-z0-9]{6}.[a-z0-9]{16} (kubeadm token generate): devstack-plugin-container's kubeadm init and join use it"
+}
+
 # stack install
 function install_kuryr_cni {
-    setup_develop "$KURYR_CNI_HOME"
+    check_kuryr_cni_kubernetes_settings
+
+    # A virtualenv of its own, installed without OpenStack's upper-constraints:
+    # a node daemon that imports no OpenStack service code, whose pyroute2 0.9
+    # must not be forced onto (nor held back by) the services' environment.
+    if [[ ! -x "$KURYR_CNI_VENV/bin/pip" ]]; then
+        python3 -m venv "$KURYR_CNI_VENV" || die $LINENO "Cannot create $KURYR_CNI_VENV"
+    fi
+    "$KURYR_CNI_VENV/bin/pip" install --upgrade -e "$KURYR_CNI_HOME" || \
+        die $LINENO "Cannot install $KURYR_CNI_HOME into $KURYR_CNI_VENV"
 
     # The CNI shim: a static executable built from shim/ (Go, offline),
     # replaced atomically: the runtime may exec it at any moment.
     install_package golang-go
     "$KURYR_CNI_HOME/tools/build-shim" || die $LINENO "Cannot build the CNI shim"
-    sudo install -d -m 0755 "$CNI_BIN_DIR"
-    kuryr_cni_install_atomic "$KURYR_CNI_HOME/shim/kuryr-cni" "$CNI_BIN_DIR/kuryr-cni" 0755
+    sudo install -d -m 0755 "$KURYR_CNI_PLUGIN_DIR"
+    kuryr_cni_install_atomic "$KURYR_CNI_HOME/shim/kuryr-cni" "$KURYR_CNI_PLUGIN_DIR/kuryr-cni" 0755
 }
 
 # Write the CNI network configuration list read by the container runtime.
 function configure_kuryr_cni_conflist {
-    local conflist=$CNI_CONF_DIR/$KURYR_CNI_CONFLIST_NAME
+    local conflist=$KURYR_CNI_NETWORK_DIR/$KURYR_CNI_CONFLIST_NAME
     local tmp
 
     [[ "$KURYR_CNI_SHIM_TIMEOUT" =~ ^[1-9][0-9]*$ ]] || \
         die $LINENO "KURYR_CNI_SHIM_TIMEOUT must be a whole number of seconds"
 
-    sudo install -d -m 0755 "$CNI_CONF_DIR"
+    sudo install -d -m 0755 "$KURYR_CNI_NETWORK_DIR"
     tmp=$(mktemp)
     python3 - "$KURYR_CNI_NETWORK_NAME" "$KURYR_CNI_SOCKET" \
         "$KURYR_CNI_SHIM_TIMEOUT" "$KURYR_CNI_STATE_DIR" > "$tmp" <<'EOF' || \
@@ -108,14 +134,29 @@ EOF
     kuryr_cni_install_atomic "$tmp" "$conflist" 0644
     rm -f "$tmp"
 
-    # Runtimes use the first configuration in lexical order: say so when
-    # another one would shadow ours.
-    local other
-    for other in "$CNI_CONF_DIR"/*.conf "$CNI_CONF_DIR"/*.conflist "$CNI_CONF_DIR"/*.json; do
-        [[ -e "$other" && "$other" != "$conflist" ]] || continue
-        if [[ "$(basename "$other")" < "$KURYR_CNI_CONFLIST_NAME" ]]; then
-            echo "WARNING: $other sorts before $conflist; the container runtime will use it instead" >&2
-        fi
+    check_kuryr_cni_conflist_first
+}
+
+# Runtimes (CRI-O, containerd) use the first network configuration of their
+# directory in lexical order: another one sorting before ours (flannel's
+# 10-flannel.conflist, CRI-O's 10-crio-bridge.conflist, ...) would silently
+# be the pod network instead.
+function check_kuryr_cni_conflist_first {
+    local first
+    first=$(kuryr_cni_first_conflist)
+    [[ "$first" == "$KURYR_CNI_CONFLIST_NAME" ]] || die $LINENO \
+        "$KURYR_CNI_NETWORK_DIR/$first sorts before $KURYR_CNI_CONFLIST_NAME: the container runtime would use it. Remove it, or rename ours with KURYR_CNI_CONFLIST_NAME"
+}
+
+# The name of the configuration the runtime uses: the first by name.
+function kuryr_cni_first_conflist {
+    # Byte order, as libcni sorts (sort.Strings), whatever the locale.
+    local LC_ALL=C
+    local file
+    for file in "$KURYR_CNI_NETWORK_DIR"/*; do
+        case "$file" in
+            *.conf|*.conflist|*.json) basename "$file"; return 0 ;;
+        esac
     done
 }
 
@@ -222,15 +263,100 @@ function kuryr_cni_remove_dir {
 
 # clean
 function cleanup_kuryr_cni {
-    sudo rm -f -- "$CNI_BIN_DIR/kuryr-cni" "$CNI_CONF_DIR/$KURYR_CNI_CONFLIST_NAME"
+    sudo rm -f -- "$KURYR_CNI_PLUGIN_DIR/kuryr-cni" \
+        "$KURYR_CNI_NETWORK_DIR/$KURYR_CNI_CONFLIST_NAME"
     sudo rm -f -- "$KURYR_CNI_CONF"
     # Only if empty: an operator may keep other files (a kubeconfig) there.
     sudo rmdir --ignore-fail-on-non-empty -- "$(dirname "$KURYR_CNI_CONF")" 2>/dev/null || true
     kuryr_cni_remove_dir "$KURYR_CNI_STATE_DIR"
     sudo rm -f -- "$KURYR_CNI_SOCKET"
     kuryr_cni_remove_dir "$KURYR_CNI_RUN_DIR"
+    kuryr_cni_remove_dir "$KURYR_CNI_VENV"
 }
 
+# stack test-config, with KURYR_CNI_SMOKE_TEST=True: a real pod on this node
+# gets its network from kuryr-cni. Proven by what only kuryr-cni does: the
+# host end of the pod's eth0 carries the owner tag naming the sandbox the
+# runtime made, and the daemon's metrics counted a successful ADD. Then the
+# pod is deleted, and its host device must go with it.
+function kuryr_cni_smoke_test {
+    local pod=kuryr-cni-smoke
+    local timeout=${KURYR_CNI_SMOKE_TIMEOUT}s
+    local sandbox adds
+
+    check_kuryr_cni_conflist_first
+    kubectl wait --for=condition=Ready "node/$KURYR_CNI_NODE_NAME" --timeout="$timeout" || \
+        die $LINENO "Node $KURYR_CNI_NODE_NAME not Ready after $timeout"
+    kuryr_cni_smoke_pod "$pod" | kubectl apply -f - || die $LINENO "Cannot create pod $pod"
+    kubectl wait --for=condition=Ready "pod/$pod" --timeout="$timeout" || \
+        die $LINENO "Pod $pod not Ready after $timeout"
+
+    sandbox=$(sudo crictl --runtime-endpoint "$KURYR_CNI_CRI_ENDPOINT" pods --name "^$pod\$" \
+        --namespace default --state ready --quiet)
+    [[ "$sandbox" =~ ^[0-9a-f]{64}$ ]] || \
+        die $LINENO "Expected the one ready sandbox of pod $pod, crictl says: $sandbox"
+    [[ -n "$(kuryr_cni_devices_of "$sandbox")" ]] || \
+        die $LINENO "No host device carries the owner tag kuryr-cni:$sandbox:eth0"
+    adds=$(kuryr_cni_successful_adds)
+    (( adds >= 1 )) || die $LINENO "kuryr_cni_requests_total counts no successful ADD"
+    echo "kuryr-cni plumbed pod $pod: sandbox $sandbox, $adds successful ADDs"
+
+    kubectl delete pod "$pod" --wait --timeout="$timeout" || die $LINENO "Cannot delete pod $pod"
+    [[ -z "$(kuryr_cni_devices_of "$sandbox")" ]] || \
+        die $LINENO "The host device of sandbox $sandbox outlived pod $pod"
+    sudo ip link del "$KURYR_CNI_SMOKE_BRIDGE" 2>/dev/null || true
+}
+
+# The smoke test's pod, named $1. Its VIF is in its annotation, as a
+# controller would write it (there is none here), on a bridge the daemon
+# creates without an address: the pod needs its interface, not traffic.
+function kuryr_cni_smoke_pod {
+    local vif
+    vif=$(printf '{"kind": "bridge", "port_id": "%s", "mac": "fa:16:3e:5e:00:0a", "mtu": 1500, "bridge": "%s", "ips": ["10.251.0.10/24"], "gateway": "10.251.0.1", "active": true}' \
+        "$1" "$KURYR_CNI_SMOKE_BRIDGE")
+    cat <<POD
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $1
+  namespace: default
+  annotations:
+    kuryr.openstack.org/vifs: '{"eth0": $vif}'
+spec:
+  nodeName: $KURYR_CNI_NODE_NAME
+  terminationGracePeriodSeconds: 0
+  tolerations:
+    - operator: Exists
+  containers:
+    - name: pause
+      image: $KURYR_CNI_SMOKE_IMAGE
+POD
+}
+
+# Names of the host devices whose owner tag (IFLA_IFALIAS) is eth0 of sandbox $1.
+function kuryr_cni_devices_of {
+    ip -j link show | python3 -c '
+import json
+import sys
+owner = "kuryr-cni:%s:eth0" % sys.argv[1]
+for link in json.load(sys.stdin):
+    if link.get("ifalias") == owner:
+        print(link["ifname"])
+' "$1"
+}
+
+# kuryr_cni_requests_total{command="ADD",result="success"}, from /metrics.
+function kuryr_cni_successful_adds {
+    local url
+    url=$(kuryr_cni_local_url "$KURYR_CNI_PROMETHEUS_HOST" "$KURYR_CNI_PROMETHEUS_PORT" /metrics)
+    curl --silent --fail --noproxy '*' --max-time 10 "$url" | python3 -c '
+import re
+import sys
+sample = re.search(r"^kuryr_cni_requests_total\{(?=[^}]*command=\"ADD\")"
+                   r"(?=[^}]*result=\"success\")[^}]*\} (\S+)$", sys.stdin.read(), re.M)
+print(int(float(sample.group(1))) if sample else 0)
+'
+}
 
 if is_service_enabled kuryr-cni-daemon; then
     if [[ "$1" == "stack" && "${2:-}" == "install" ]]; then
@@ -242,6 +368,11 @@ if is_service_enabled kuryr-cni-daemon; then
     elif [[ "$1" == "stack" && "${2:-}" == "extra" ]]; then
         echo_summary "Starting kuryr-cni-daemon"
         start_kuryr_cni
+    elif [[ "$1" == "stack" && "${2:-}" == "test-config" ]]; then
+        if [[ "$KURYR_CNI_SMOKE_TEST" == "True" ]] && is_service_enabled k8s-master; then
+            echo_summary "Proving that kuryr-cni plumbs a pod"
+            kuryr_cni_smoke_test
+        fi
     fi
 
     if [[ "$1" == "unstack" ]]; then

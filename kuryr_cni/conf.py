@@ -1,14 +1,28 @@
-"""Every configuration option of the daemon, and nothing else.
+"""Every configuration option of the daemon, and its validation.
 
 Options are registered explicitly by :func:`register` (never at import time), and
 listed for oslo-config-generator by :func:`list_opts` (the ``oslo.config.opts``
-entry point).
+entry point). :func:`load` parses the command line and the files;
+:func:`validate` then checks everything oslo.config would only find when a
+value is first read, or never: every value, unknown groups and options, and
+the paths the daemon needs. Both raise :class:`ConfigError`, whose message is
+the one line an operator needs: the file, the option and the problem.
 """
 
+import argparse
+import contextlib
+import difflib
+import glob
+import io
+import os
+import re
 import socket
+import sys
 
 from oslo_config import cfg
 from oslo_log import log as logging
+
+from kuryr_cni import version
 
 cni_daemon_opts = [
     cfg.StrOpt('node_name', default=socket.gethostname(), sample_default='<hostname>',
@@ -121,8 +135,125 @@ def register(conf):
     return conf
 
 
-def load(argv, conf=None):
-    """Parse ``argv`` (without the program name) into a fresh ConfigOpts."""
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the file, option and problem."""
+
+
+# What oslo.config's types cannot express: (group, option) -> (check, problem).
+_SEMANTICS = {
+    ('cni_daemon', 'node_name'): (bool, 'must not be empty'),
+    ('cni_daemon', 'socket'): (os.path.isabs, 'must be an absolute path'),
+    ('cni_daemon', 'state_dir'): (os.path.isabs, 'must be an absolute path'),
+    ('kubernetes', 'kubeconfig'): (os.path.isfile, 'no such file'),
+    ('kubernetes', 'token_file'): (os.path.isfile, 'no such file'),
+    ('kubernetes', 'ca_file'): (os.path.isfile, 'no such file'),
+}
+
+
+def load(argv, conf=None, prog='kuryr-cni-daemon'):
+    """Parse ``argv`` (without the program name) into a fresh ConfigOpts.
+
+    ``--version`` prints ``prog`` and the version and exits. Raises
+    :class:`ConfigError` for a config file that is missing or unreadable,
+    or cannot be parsed.
+    """
     conf = register(conf or cfg.ConfigOpts())
-    conf(argv, project='kuryr-cni', prog='kuryr-cni-daemon')
+    try:
+        _parse(conf, argv, prog)
+    except cfg.ConfigFilesNotFoundError as exc:
+        raise ConfigError('%s: no such file, or not readable'
+                          % ', '.join(exc.config_files)) from None
+    except cfg.ConfigFileParseError as exc:
+        raise ConfigError('%s: %s' % (exc.config_file, exc.msg)) from None
+    except cfg.Error as exc:
+        raise ConfigError(str(exc)) from None
     return conf
+
+
+def _parse(conf, argv, prog):
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            conf(argv, project='kuryr-cni', prog=prog, version='%(prog)s ' + version.VERSION)
+    except SystemExit as exc:
+        # oslo.config checks the file values of the options the command line
+        # also takes (oslo.log's) at once, and exits 1 after a line of its own.
+        bad_value = re.fullmatch(r'argument --(\S+): (Invalid .*)\n', stderr.getvalue())
+        if exc.code == 1 and bad_value:
+            raise ConfigError('%s: [DEFAULT] %s: %s' % (
+                _files_named_in(argv), *bad_value.groups())) from None
+        sys.stderr.write(stderr.getvalue())
+        raise
+    sys.stderr.write(stderr.getvalue())
+
+
+def _files_named_in(argv):
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument('--config-file', action='append', default=[])
+    known, _ = parser.parse_known_args(argv)
+    return ', '.join(known.config_file) or 'the configuration file'
+
+
+def validate(conf):
+    """Raise :class:`ConfigError` for the first problem of a loaded configuration.
+
+    Unknown groups and options in the files (a typo would otherwise leave an
+    option silently at its default), values their option refuses, and the
+    checks of ``_SEMANTICS``; nothing is created or changed.
+    """
+    where = _check_names(conf)
+    for group, name in _every_option(conf):
+        try:
+            value = conf[name] if group == 'DEFAULT' else conf[group][name]
+        except cfg.ConfigSourceValueError as exc:
+            problem = str(exc).rpartition(' is not valid: ')[2]
+            raise ConfigError(_line(where, group, name, problem)) from None
+        check, problem = _SEMANTICS.get((group, name), (None, None))
+        if check and value is not None and not check(value):
+            raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
+
+
+def _every_option(conf):
+    for key in conf:
+        if isinstance(conf[key], cfg.ConfigOpts.GroupAttr):
+            yield from ((key, name) for name in conf[key])
+        else:
+            yield 'DEFAULT', key
+
+
+def _check_names(conf):
+    """Refuse unknown groups and options; returns {(group, option): file that set it}."""
+    known = {}
+    for group, name in _every_option(conf):
+        known.setdefault(group, set()).add(name)
+    where = {}
+    for path in _config_files(conf):
+        sections = {}
+        cfg.ConfigParser(path, sections).parse()
+        for section, options in sections.items():
+            group = 'DEFAULT' if section.upper() == 'DEFAULT' else section
+            if group not in known:
+                raise ConfigError('%s: [%s]: unknown group%s' % (
+                    path, section, _did_you_mean(section, known)))
+            for name in options:
+                if name not in known[group]:
+                    raise ConfigError('%s: [%s] %s: unknown option%s' % (
+                        path, section, name, _did_you_mean(name, known[group])))
+                where[(group, name)] = path
+    return where
+
+
+def _config_files(conf):
+    files = list(conf.config_file or [])
+    for directory in conf.config_dir or []:
+        files += sorted(glob.glob(os.path.join(directory, '*.conf')))
+    return files
+
+
+def _did_you_mean(word, choices):
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return ' (did you mean %s?)' % close[0] if close else ''
+
+
+def _line(where, group, name, problem):
+    return '%s: [%s] %s: %s' % (where.get((group, name), 'default'), group, name, problem)

@@ -3,8 +3,10 @@
 Commands: ``status`` (workers, watcher sync, version), ``list`` (pods, owner
 container IDs, attachments), ``show NAMESPACE/NAME`` (one binding in full) and
 ``stale-dels`` (the last rejected stale DELs with their reasons). Tables for
-people, ``--json`` for scripts. Exit status 0 on success, 1 when the daemon
-answers an error, 2 when it cannot be reached.
+people, ``--json`` for scripts. The socket is ``--socket``, else ``[cni_daemon]
+socket`` of the daemon's ``--config-file``, else the default. Exit status 0 on
+success, 1 when the daemon answers an error, 2 when it cannot be reached or
+its configuration cannot be read.
 """
 
 import argparse
@@ -14,7 +16,20 @@ import json
 import socket
 import sys
 
+from kuryr_cni import conf as config
+from kuryr_cni import version
+
 DEFAULT_SOCKET = '/run/kuryr-cni/daemon.sock'
+
+DESCRIPTION = """\
+Ask the running kuryr-cni daemon what it holds, over its unix socket (root
+only). Every command prints a table for people, or JSON with --json.
+"""
+
+EPILOG = """\
+exit status: 0 success, 1 the daemon answered an error (for instance no such
+pod), 2 the daemon cannot be reached or its configuration cannot be read.
+"""
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -82,40 +97,72 @@ def show_stale(entries):
 
 
 COMMANDS = {
-    'status': ('/v1/status', show_status),
-    'list': ('/v1/pods', show_list),
-    'show': (None, show_binding),
-    'stale-dels': ('/v1/stale-dels', show_stale),
+    # name: (path, renderer, what it shows)
+    'status': ('/v1/status', show_status,
+               'version, readiness, serving CNI workers, watcher sync, pods and bindings'),
+    'list': ('/v1/pods', show_list,
+             'one line per pod binding: owner sandbox, attachments, sandboxes being evicted'),
+    'show': (None, show_binding,
+             'one binding in full: owner, pod UID, every sandbox with its namespace and '
+             'attachments'),
+    'stale-dels': ('/v1/stale-dels', show_stale,
+                   'the last rejected stale DELs, with the owner at the time and the reason'),
 }
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog='kuryr-cni-ctl', description=__doc__.split('\n')[0])
-    parser.add_argument('--socket', default=DEFAULT_SOCKET, help='daemon socket')
-    parser.add_argument('--json', action='store_true', help='print JSON')
-    # The options are accepted after the command too ("status --json").
+    parser = argparse.ArgumentParser(prog='kuryr-cni-ctl', description=DESCRIPTION,
+                                     epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--version', action='version', version='%(prog)s ' + version.VERSION)
+    # The options are accepted after the command too ("status --json"); there
+    # they must not reset what was given before it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument('--socket', default=argparse.SUPPRESS, help='daemon socket')
-    common.add_argument('--json', action='store_true', default=argparse.SUPPRESS,
-                        help='print JSON')
-    sub = parser.add_subparsers(dest='command', required=True)
-    for name in COMMANDS:
-        cmd = sub.add_parser(name, parents=[common])
+    for target, unset in ((parser, None), (common, argparse.SUPPRESS)):
+        target.add_argument('--socket', default=unset, metavar='PATH',
+                            help='the daemon socket (default: [cni_daemon] socket of '
+                                 '--config-file, else %s)' % DEFAULT_SOCKET)
+        target.add_argument('--config-file', default=unset, metavar='PATH',
+                            help="the daemon's configuration file, to read [cni_daemon] "
+                                 "socket from")
+        target.add_argument('--json', action='store_true',
+                            default=False if unset is None else unset,
+                            help='print JSON instead of a table')
+    sub = parser.add_subparsers(dest='command', required=True, metavar='COMMAND')
+    for name, (_path, _render, what) in COMMANDS.items():
+        cmd = sub.add_parser(name, parents=[common], help=what, description=what[0].upper()
+                             + what[1:] + '.')
         if name == 'show':
-            cmd.add_argument('pod', help='NAMESPACE/NAME')
+            cmd.add_argument('pod', metavar='NAMESPACE/NAME',
+                             help='the pod; a bare NAME means the default namespace')
     return parser.parse_args(argv)
+
+
+def socket_path(args):
+    """--socket, else the daemon config's [cni_daemon] socket, else the default."""
+    if args.socket:
+        return args.socket
+    if args.config_file:
+        return config.load(['--config-file', args.config_file],
+                           prog='kuryr-cni-ctl').cni_daemon.socket
+    return DEFAULT_SOCKET
 
 
 def main(argv=None, out=sys.stdout):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    path, render = COMMANDS[args.command]
+    path, render, _what = COMMANDS[args.command]
     if args.command == 'show':
         pod = args.pod if '/' in args.pod else 'default/' + args.pod
         path = '/v1/pods/' + pod
     try:
-        status, payload = fetch(args.socket, path)
+        sock = socket_path(args)
+    except config.ConfigError as exc:
+        print('kuryr-cni-ctl: configuration error: %s' % exc, file=sys.stderr)
+        return 2
+    try:
+        status, payload = fetch(sock, path)
     except (OSError, http.client.HTTPException) as exc:
-        print('kuryr-cni-ctl: cannot reach the daemon at %s: %s' % (args.socket, exc),
+        print('kuryr-cni-ctl: cannot reach the daemon at %s: %s' % (sock, exc),
               file=sys.stderr)
         return 2
     if status != 200:

@@ -42,8 +42,8 @@ DROP_REASONS = ('peer_uid', 'head_timeout', 'request_timeout', 'write_timeout', 
 
 
 # The daemon's metric set (DESIGN 4.4); doc/source/operations.rst lists it for
-# operators. kuryr_cni_ready and kuryr_cni_attachments are read from the
-# registry at scrape time instead (kuryr_cni.daemon.ops).
+# operators. The counted ones are SPECS; SCRAPED are read when /metrics is
+# scraped (kuryr_cni.daemon.collector).
 SPECS = (
     Spec('requests', 'counter', 'kuryr_cni_requests_total',
          'CNI requests handled, by command and result.', ('command', 'result'),
@@ -84,6 +84,28 @@ SPECS = (
     Spec('connections_dropped', 'counter', 'kuryr_cni_connections_dropped_total',
          'Connections closed without an answer, by server and reason.', ('server', 'reason'),
          known=(SERVERS, DROP_REASONS)),
+)
+
+
+class Scraped(typing.NamedTuple):
+    """A gauge read at scrape time: its exported name, help and labels."""
+
+    name: str
+    help: str
+    labels: tuple = ()
+
+
+SCRAPED = (
+    Scraped('kuryr_cni_build_info', 'The running kuryr-cni, by version; always 1.',
+            ('version',)),
+    Scraped('kuryr_cni_ready', 'Whether the daemon is ready (1) or not (0).'),
+    Scraped('kuryr_cni_attachments', 'Pod interface attachments recorded on this node.'),
+    Scraped('kuryr_cni_queued_dels',
+            'DELs the shim queued while the daemon was unreachable, waiting for the next '
+            'daemon start to replay them.'),
+    Scraped('kuryr_cni_watch_activity_age_seconds',
+            'Seconds since the watcher last received a list, a watch event or a bookmark '
+            'from the API server; absent until the first list.'),
 )
 
 

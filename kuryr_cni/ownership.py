@@ -29,7 +29,7 @@ from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni import records
 from kuryr_cni import vif as vif_model
-from kuryr_cni.binding import Plug
+from kuryr_cni.binding.base import Plug
 from kuryr_cni.cni import prevresult
 from kuryr_cni.cni import result as cni_result
 

@@ -221,11 +221,23 @@ class BindingStore:
         return moved
 
 
+DEL_QUEUE = 'del-queue'     # under the state dir; the shim writes its entries there
+
+
+def queued_del_count(state_dir):
+    """How many complete entries wait in the DEL queue of ``state_dir``; reads only."""
+    try:
+        names = os.listdir(os.path.join(state_dir, DEL_QUEUE))
+    except FileNotFoundError:
+        return 0
+    return sum(1 for name in names if name.endswith('.json') and not name.startswith('.'))
+
+
 class DelQueue:
     """DELs the shim queued while the daemon was unreachable (DESIGN §4.2)."""
 
     def __init__(self, state_dir):
-        self.directory = ensure_dir(os.path.join(state_dir, 'del-queue'))
+        self.directory = ensure_dir(os.path.join(state_dir, DEL_QUEUE))
 
     def entries(self):
         """Yield ``(path, body)`` for complete entries, oldest first."""

@@ -1,8 +1,47 @@
-"""Fixtures for every test tier: the built CNI shim."""
+"""Rules and fixtures for the whole suite.
+
+Under CI, a test that could not run is a failure.
+
+A test skips, saying why, where a prerequisite is missing: root, a tool, a
+package. On a developer's machine that is useful; in CI (``CI=true``, set
+by ``.ci/run`` and by the Zuul jobs) it would let a job pass while testing
+nothing, so there such a skip fails the test with its reason. The one
+exception is a kernel without a feature (no 802.1Q module, say): no package
+installs it, and the test stays a skip whose reason says so, by starting
+with :data:`KERNEL_FEATURE`.
+"""
+
+import os
 
 import pytest
 
 from tools.testbed import shim
+
+KERNEL_FEATURE = 'this kernel '     # how a kernel-feature skip reason starts
+
+
+def skip_reason(report):
+    """The reason a skipped test report gives, without pytest's "Skipped: "."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return text.removeprefix('Skipped: ')
+
+
+def fails_under_ci(report):
+    """Whether this report is a skip that CI must count as a failure."""
+    return (os.environ.get('CI') == 'true' and report.skipped
+            and not hasattr(report, 'wasxfail')
+            and not skip_reason(report).startswith(KERNEL_FEATURE))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if fails_under_ci(report):
+        report.outcome = 'failed'
+        report.longrepr = ('CI=true: skipping for a missing prerequisite is a failure here '
+                           '(only kernel-feature skips stay skips): %s' % skip_reason(report))
 
 
 @pytest.fixture(scope='session')

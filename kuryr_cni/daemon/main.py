@@ -1,7 +1,8 @@
 """``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
 
-config and logging → safety checks (no live daemon on the socket) → metrics
-directory → registry Manager (before cotyledon, with the fork start method,
+config, checked whole (a bad one ends the start here: one line on stderr,
+exit status 2) and logging → safety checks (no live daemon on the socket) →
+metrics directory → registry Manager (before cotyledon, with the fork start method,
 its socket ``registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
 ops process → systemd notification. On SIGTERM cotyledon stops the children
@@ -45,7 +46,13 @@ QUIET_LIBRARIES = ['pyroute2=WARN', 'urllib3=WARN', 'kubernetes=WARN', 'asyncio=
 
 
 def main(argv=None):
-    conf = config.load(sys.argv[1:] if argv is None else argv)
+    try:
+        conf = config.load(sys.argv[1:] if argv is None else argv)
+        # Before the run dir, the state dir or the registry is touched.
+        config.validate(conf)
+    except config.ConfigError as exc:
+        print('kuryr-cni-daemon: configuration error: %s' % exc, file=sys.stderr)
+        return 2
     logging.set_defaults(default_log_levels=logging.get_default_log_levels() + QUIET_LIBRARIES)
     logging.setup(conf, 'kuryr-cni')
     multiprocessing.set_start_method('fork', force=True)
@@ -124,7 +131,8 @@ def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard):
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
                args=(conf, registry, cni_sock)): 'cni-worker',
         sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock,
-                                                conf.cni_daemon.request_timeout)): 'ops',
+                                                conf.cni_daemon.request_timeout,
+                                                conf.cni_daemon.state_dir)): 'ops',
     }
     # The parent alone speaks to systemd, and only READY=1 once really ready:
     # cotyledon would send its own READY=1 at start, and children must not

@@ -21,6 +21,7 @@ import cotyledon
 import setproctitle
 from oslo_log import log as logging
 
+from kuryr_cni.daemon import collector
 from kuryr_cni.daemon import health
 from kuryr_cni.daemon import server
 
@@ -33,25 +34,6 @@ TITLE = 'kuryr-cni-daemon: ops'
 # once. Two servers at the cap hold ~520 file descriptors, within the usual
 # soft limit of 1024.
 LIMITS = server.Limits(threads=2, connections=256, head_timeout=2, request_timeout=2)
-
-
-class _RegistryCollector:
-    """Values that live in the registry rather than in a counter."""
-
-    def __init__(self, registry):
-        self.registry = registry
-
-    def collect(self):
-        from prometheus_client.core import GaugeMetricFamily
-        facts = health.judge(self.registry)
-        yield GaugeMetricFamily('kuryr_cni_ready', 'Whether the daemon is ready (1) or not (0).',
-                                value=int(facts['ready']))
-        try:
-            count = self.registry.bindings.count_attachments()
-        except (ConnectionError, EOFError, OSError):
-            return
-        yield GaugeMetricFamily('kuryr_cni_attachments',
-                                'Pod interface attachments recorded on this node.', value=count)
 
 
 class ProbeLog:
@@ -119,9 +101,11 @@ class OpsService(cotyledon.Service):
 
     name = 'ops'
 
-    def __init__(self, worker_id, registry, health_sock, metrics_sock, drain_timeout=0):
+    def __init__(self, worker_id, registry, health_sock, metrics_sock, drain_timeout=0,
+                 state_dir=None):
         super().__init__(worker_id)
         self.registry = registry
+        self.state_dir = state_dir
         self.socks = (health_sock, metrics_sock)
         self.drain_timeout = drain_timeout
         self.servers = []
@@ -132,7 +116,7 @@ class OpsService(cotyledon.Service):
         setproctitle.setproctitle(TITLE)
         metrics_registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(metrics_registry)
-        metrics_registry.register(_RegistryCollector(self.registry))
+        metrics_registry.register(collector.ScrapeCollector(self.registry, self.state_dir))
         health_sock, metrics_sock = self.socks
         self.servers = [server.BoundedServer(health_sock, HealthApp(self.registry), LIMITS,
                                              'health'),

@@ -9,29 +9,18 @@ import fcntl
 import json
 import os
 import signal
-import time
 
 from kuryr_cni import ctl
 from kuryr_cni import state
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
+from tests import wait
+
 WORKER_TITLE = 'kuryr-cni-daemon: cni-worker'
 WATCHER_TITLE = 'kuryr-cni-daemon: watcher'
 REGISTRY_TITLE = 'kuryr-cni-daemon: registry'
 HEALTH_PORT = 8090
-
-
-def wait_for(predicate, timeout, what, poll=0.05):
-    """Poll ``predicate`` (observable state, no event to wait on) until truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError('timed out after %ss waiting for %s' % (timeout, what))
-        time.sleep(poll)
 
 
 def titled(node, title):
@@ -43,9 +32,9 @@ def wait_workers(node, count=4, gone=(), timeout=30):
 
     cotyledon names a new process after its role only once it runs the service.
     """
-    return wait_for(lambda: (lambda pids: pids if len(pids) == count and not set(pids) & set(gone)
-                             else None)(titled(node, WORKER_TITLE)),
-                    timeout, '%d CNI workers' % count)
+    return wait.until(lambda: (lambda pids: pids if len(pids) == count and not set(pids) & set(gone)
+                               else None)(titled(node, WORKER_TITLE)),
+                      timeout, '%d CNI workers' % count)
 
 
 def _socket_inodes(pid):
@@ -92,7 +81,7 @@ def worker_serving(node, timeout=10):
     def one():
         busy = [pid for pid, n in serving_workers(node).items() if n]
         return busy[0] if len(busy) == 1 else None
-    return wait_for(one, timeout, 'exactly one CNI worker serving a request')
+    return wait.until(one, timeout, 'exactly one CNI worker serving a request')
 
 
 def lock_holders(path):
@@ -178,5 +167,5 @@ def activate(node, sandbox, index):
 
 def wait_seen(node, count, timeout=20):
     """Wait until the daemon's watcher knows ``count`` pods."""
-    return wait_for(lambda: daemon_get(node, '/v1/status')[1].get('pods') == count,
-                    timeout, 'the watcher to know %d pods' % count)
+    return wait.until(lambda: daemon_get(node, '/v1/status')[1].get('pods') == count,
+                      timeout, 'the watcher to know %d pods' % count)

@@ -13,6 +13,8 @@ from prometheus_client import parser
 from kuryr_cni import state
 from kuryr_cni.binding import owner_tag
 
+from tests import wait
+
 PROMETHEUS_PORT = 9655
 
 
@@ -49,15 +51,12 @@ def wait_for_owner(node, pod_key, container_id, timeout=20):
     """Wait until the persisted binding names ``container_id`` as the owner.
 
     The binding file is the daemon's observable state; there is no event to
-    subscribe to from outside, so this polls it with a deadline.
+    subscribe to from outside.
     """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def owned():
         current = binding(node, pod_key)
-        if current and current.get('owner') == container_id:
-            return current
-        time.sleep(0.02)
-    raise AssertionError('%s never became owner of %s' % (container_id, pod_key))
+        return current if current and current.get('owner') == container_id else None
+    return wait.until(owned, timeout, '%s to become owner of %s' % (container_id, pod_key))
 
 
 def add_in_background(pool, node, runtime, sandbox):

@@ -22,6 +22,7 @@ from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
+from tests import wait
 from tests.functional import conftest
 from tests.functional import crash
 from tests.functional import helpers
@@ -111,7 +112,7 @@ def test_del_queued_while_the_daemon_runs_is_replayed(daemon, runtime, tmp_path)
                                   str(tmp_path / 'cut-off-cache'))
     assert cut_off.delete(a).ok
     assert len(crash.queue_entries(node)) == 1
-    crash.wait_for(lambda: crash.queue_entries(node) == [], 15, 'the queued DEL to be replayed')
+    wait.until(lambda: crash.queue_entries(node) == [], 15, 'the queued DEL to be replayed')
     assert helpers.leftovers(node) == helpers.NOTHING
     assert set(node.links(a.netns)) == {'lo'}
     assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
@@ -156,8 +157,8 @@ def test_worker_killed_holding_the_pod_lock_wedges_nothing(daemon, runtime, comm
     try:
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             request = pool.submit(runtime.add if command == 'ADD' else runtime.delete, a)
-            holders = crash.wait_for(lambda: crash.lock_holders(crash.lock_path(node, key)), 20,
-                                     'a worker to hold the pod lock')
+            holders = wait.until(lambda: crash.lock_holders(crash.lock_path(node, key)), 20,
+                                 'a worker to hold the pod lock')
             assert holders == [crash.worker_serving(node)]
             # Put the real binding back first: the stuck worker keeps waiting on
             # the FIFO it opened, and nobody else ever sees that FIFO again.
@@ -180,8 +181,8 @@ def test_worker_killed_holding_the_pod_lock_wedges_nothing(daemon, runtime, comm
         assert runtime.add(a).ok
         assert_connected(node, a, 10)
     else:
-        crash.wait_for(lambda: crash.queue_entries(node) == [], 15,
-                       'the queued DEL to be replayed')
+        wait.until(lambda: crash.queue_entries(node) == [], 15,
+                   'the queued DEL to be replayed')
         assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
         assert runtime.delete(a).ok
         assert helpers.leftovers(node) == helpers.NOTHING
@@ -203,8 +204,8 @@ def test_worker_killed_while_plugging_leaves_nothing_the_retry_cannot_fix(daemon
         # worker is still configuring it.
         states = _first_attachment_states(node, key, timeout=20)
         with netns.iproute(node.path) as host:
-            crash.wait_for(lambda: host.link_lookup(ifname=host_end), 20, 'the veth pair',
-                           poll=0)
+            wait.until(lambda: host.link_lookup(ifname=host_end), 20, 'the veth pair',
+                       poll=0)
             crash.kill(victim)
         outcome = add.result(timeout=30)
     half_made = host_end in node.links()
@@ -253,7 +254,7 @@ def test_registry_manager_death_is_reported_and_the_restart_reloads_state(daemon
     os.kill(parent, signal.SIGSTOP)
     try:
         crash.kill(manager)
-        status, facts = crash.wait_for(
+        status, facts = wait.until(
             lambda: (lambda s, f: (s, f) if s == 503 else None)(*crash.health(node, 'alive')),
             15, '/alive to fail')
         assert facts['registry'] is False and facts['ready'] is False
@@ -280,14 +281,14 @@ def test_watcher_death_is_reported_and_its_successor_relists(daemon, runtime):
     node.api.stop()             # so that the successor cannot sync at once: /ready must say so
     [watcher] = crash.titled(node, crash.WATCHER_TITLE)
     crash.kill(watcher)
-    crash.wait_for(lambda: _unready_unsynced(node), 15, '/ready to fail, watcher unsynced')
-    crash.wait_for(lambda: [p for p in crash.titled(node, crash.WATCHER_TITLE) if p != watcher],
-                   15, 'a new watcher')
+    wait.until(lambda: _unready_unsynced(node), 15, '/ready to fail, watcher unsynced')
+    wait.until(lambda: [p for p in crash.titled(node, crash.WATCHER_TITLE) if p != watcher],
+               15, 'a new watcher')
     status, facts = crash.health(node, 'ready')     # the successor runs, cannot list yet
     assert status == 503 and facts['watcher_synced'] is False
     pod = crash.make_pod(node, 13)              # created while nobody could see it
     node.api.start()
-    crash.wait_for(lambda: crash.health(node, 'ready')[0] == 200, 40, '/ready to pass again')
+    wait.until(lambda: crash.health(node, 'ready')[0] == 200, 40, '/ready to pass again')
     assert runtime.add(pod).ok
     assert_connected(node, pod, 13)
     assert helpers.metric(node, 'kuryr_cni_worker_restarts_total', service='watcher') == 1
@@ -446,8 +447,8 @@ def test_logs_never_print_the_bearer_token(node, runtime, tmp_path):
     assert any(r.headers.get('authorization') == 'Bearer ' + secret
                for r in node.api.requests())    # the token really was in use
     node.api.stop()                             # errors get logged too
-    crash.wait_for(lambda: 'Kubernetes API unavailable' in node.log_tail(200), 30,
-                   'the watcher to log the outage')
+    wait.until(lambda: 'Kubernetes API unavailable' in node.log_tail(200), 30,
+               'the watcher to log the outage')
     node.api.start()
     assert node.stop_daemon() == 0
     for name in ('daemon.log', 'daemon.stderr'):

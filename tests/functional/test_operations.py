@@ -24,6 +24,7 @@ from kuryr_cni import version
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
+from tests import wait
 from tests.functional import conftest
 from tests.functional import helpers
 
@@ -67,17 +68,6 @@ def wait_notify(node, predicate, timeout):
 def probe(node, path):
     status, body = node.http_get(HEALTH_PORT, path)
     return status, json.loads(body)
-
-
-def wait_until(condition, timeout, what):
-    """Poll an observable ``condition`` (bounded); returns its last truthy value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError('timed out after %ss waiting for %s' % (timeout, what))
 
 
 def role_pids(node, role):
@@ -131,7 +121,7 @@ def test_ready_only_once_the_watcher_has_synced(node):
     # Serving, but the pod list cannot be had: alive, not ready, and no READY=1.
     lines = wait_notify(
         node, lambda line: line == 'STATUS=Starting: watcher not synced with the API server', 30)
-    wait_until(lambda: probe(node, '/alive')[0] == 200, 20, '/alive')
+    wait.until(lambda: probe(node, '/alive')[0] == 200, 20, '/alive')
     first_status, first = probe(node, '/ready')
     second_status, second = probe(node, '/ready')
     assert first_status == second_status == 503
@@ -204,7 +194,7 @@ def test_sigterm_drains_in_flight_requests_while_not_ready(daemon, runtime):
     b = sandbox(node, 'B')
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         add = pool.submit(runtime.add, b)
-        wait_until(lambda: helpers.metric(node, 'kuryr_cni_requests_in_flight') == 1, 20,
+        wait.until(lambda: helpers.metric(node, 'kuryr_cni_requests_in_flight') == 1, 20,
                    'the ADD in flight')
         os.kill(node.daemon.pid, signal.SIGTERM)
         lines = wait_notify(node, lambda line: line == 'STOPPING=1', 15)
@@ -228,8 +218,8 @@ def _expected_families():
     for spec in metrics_mod.SPECS:
         name = spec.name[:-len('_total')] if spec.kind == 'counter' else spec.name
         expected[name] = (spec.kind, set(spec.labels))
-    expected['kuryr_cni_ready'] = ('gauge', set())
-    expected['kuryr_cni_attachments'] = ('gauge', set())
+    for spec in metrics_mod.SCRAPED:
+        expected[spec.name] = ('gauge', set(spec.labels))
     return expected
 
 
@@ -261,6 +251,10 @@ def test_metric_set_follows_prometheus_conventions(daemon):
     assert answer['type'].startswith('text/plain; version=')
     found = families(answer['text'])
     expected = _expected_families()
+    # The watch age appears once the watcher reports its activity to the
+    # registry (StatusTable.note_watch_activity), which it may not do yet.
+    if 'kuryr_cni_watch_activity_age_seconds' not in found:
+        del expected['kuryr_cni_watch_activity_age_seconds']
     assert {name: f.type for name, f in found.items()} == {
         name: kind for name, (kind, _) in expected.items()}
     for name, family in found.items():
@@ -287,6 +281,8 @@ def test_metric_set_follows_prometheus_conventions(daemon):
     assert samples[('kuryr_cni_worker_restarts_total',
                     frozenset({('service', 'cni-worker')}))] == 0
     assert samples[('kuryr_cni_ready', frozenset())] == 1
+    assert samples[('kuryr_cni_build_info', frozenset({('version', version.VERSION)}))] == 1
+    assert samples[('kuryr_cni_queued_dels', frozenset())] == 0
 
 
 def _counts(samples, name, label):
@@ -309,7 +305,7 @@ def test_metric_values_after_a_known_sequence(daemon, runtime):
     nameless = testruntime.Sandbox('sandbox-C', node.pod_netns(), '')
     assert runtime.add(nameless).error_code == 4
     node.api.delete_pod('default', POD)
-    wait_until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
                                       type='DELETED') == 1, 20, 'the DELETED event')
 
     samples = helpers.scrape(node)
@@ -339,18 +335,18 @@ def test_a_killed_worker_is_marked_dead_and_replaced(node, runtime):
     create_pod(node, active=False)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         add = pool.submit(runtime.add, sandbox(node, 'A'))
-        wait_until(lambda: helpers.metric(node, 'kuryr_cni_requests_in_flight') == 1, 20,
+        wait.until(lambda: helpers.metric(node, 'kuryr_cni_requests_in_flight') == 1, 20,
                    'the ADD in flight')
         worker, = role_pids(node, 'cni-worker')
         os.kill(worker, signal.SIGKILL)
         assert not add.result(timeout=60).ok
-    wait_until(lambda: helpers.metric(node, 'kuryr_cni_worker_restarts_total',
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_worker_restarts_total',
                                       service='cni-worker') == 1, 20, 'the restart counted')
     # The dead worker's live gauge is gone; its counters still count.
     assert helpers.metric(node, 'kuryr_cni_requests_in_flight') == 0
     assert helpers.metric(node, 'kuryr_cni_requests_total', command='STATUS',
                           result='success') == 1
-    wait_until(lambda: role_pids(node, 'cni-worker'), 20, 'a new worker')
+    wait.until(lambda: role_pids(node, 'cni-worker'), 20, 'a new worker')
     assert role_pids(node, 'cni-worker') != [worker]
     assert runtime.status().ok
     assert helpers.metric(node, 'kuryr_cni_requests_total', command='STATUS',

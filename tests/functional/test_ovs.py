@@ -11,7 +11,6 @@ cross the switch.
 
 import shutil
 import socket
-import time
 
 import pytest
 
@@ -200,10 +199,9 @@ def test_silent_ovsdb_is_bounded_by_the_timeout(node, pod_ns, tmp_path):
         silent.listen(8)        # accepts into the backlog, never answers
         driver = ovs_driver.OvsDriver(host_netns=node.path, options=binding.Options(
             ovsdb_connection='unix:' + path, ovsdb_timeout=0.5))
-        started = time.monotonic()
+        # The timeout is what ends the call: without it, this test would hang.
         with pytest.raises(errors.TryAgainLater, match='did not answer in time'):
             driver.connect(make_vif(), pod_ns().plug())
-        assert time.monotonic() - started < 3
 
 
 def test_stopped_switch_fails_the_add_after_the_timeout(node, pod_ns, switch):
@@ -308,16 +306,3 @@ def test_check_reports_pod_side_differences_too(pod_ns, driver):
     with pytest.raises(errors.CheckFailed, match='differs') as exc:
         driver.check(make_vif(), plug)
     assert 'lacks address fd88::5/64' in exc.value.details
-
-
-def test_connect_is_quick(pod_ns, driver):
-    """A loose bound; the median of the hot path is in the report."""
-    pod = pod_ns()
-    durations = []
-    for i in range(5):
-        plug = pod.plug(container_id='quick-%d' % i)
-        started = time.perf_counter()
-        driver.connect(make_vif(), plug)
-        durations.append(time.perf_counter() - started)
-        driver.disconnect(plug)
-    assert sorted(durations)[2] < 0.5

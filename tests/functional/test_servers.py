@@ -20,6 +20,7 @@ import pytest
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
+from tests import wait
 from tests.functional import conftest
 from tests.functional import crash
 from tests.functional import flood
@@ -151,8 +152,8 @@ def test_item2_a_connection_flood_neither_grows_nor_wedges_the_ops_process(daemo
             assert sum(_fds(ops).values()) <= sum(fds.values()) + 2 * 256 + 4
         assert attack.stop() > 0
     # Gone with the attacker: its connections, and any work for them.
-    crash.wait_for(lambda: _fds(ops)['ops_port'] == fds['ops_port'], 10,
-                   'the flood connections closed')
+    wait.until(lambda: _fds(ops)['ops_port'] == fds['ops_port'], 10,
+               'the flood connections closed')
     assert _threads(ops) == threads
     assert _fds(ops)['other'] <= fds['other'] + 4
     assert _cpu_seconds(ops, window=2.0) < 0.05
@@ -217,7 +218,7 @@ def test_item7_trickling_clients_do_not_hold_up_a_real_add(daemon, tmp_path):
                                   shim=node.install_shim(), timeout=10)
     with flood.Flood(node, [node.socket], count=300, reconnect=True) as attack:
         assert attack.opened == {'connected': 300, 'failed': 0}
-        crash.wait_for(lambda: _accepted(node) >= 128, 20, 'the slow clients accepted')
+        wait.until(lambda: _accepted(node) >= 128, 20, 'the slow clients accepted')
         outcome = runtime.add(pod)
         assert outcome.ok, outcome
         # Held by the workers (one past its 128 drops some, which come back).
@@ -243,10 +244,10 @@ def test_item7_a_socket_full_of_slow_clients_fails_readiness_then_recovers(node,
     assert runtime.status().ok
     with flood.Flood(node, [node.socket], count=40, reconnect=False) as attack:
         assert attack.opened == {'connected': 40, 'failed': 0}
-        status, facts = crash.wait_for(lambda: _not_ready(node), 20, '/ready to fail')
+        status, facts = wait.until(lambda: _not_ready(node), 20, '/ready to fail')
         assert facts['problems'] == ['CNI socket saturated'] and facts['alive']
         # Every one accepted: the 20 oldest made room for the 20 newest.
-        crash.wait_for(lambda: dropped(node, 'cni', 'evicted') == 20, 20, '20 evictions')
+        wait.until(lambda: dropped(node, 'cni', 'evicted') == 20, 20, '20 evictions')
         assert _connections(node) == (20, 20)
         assert helpers.metric(node, 'kuryr_cni_ready') == 0
         assert runtime.status().error_code == 50
@@ -254,7 +255,7 @@ def test_item7_a_socket_full_of_slow_clients_fails_readiness_then_recovers(node,
         outcome = runtime.add(pod)
         assert outcome.ok, outcome
         assert dropped(node, 'cni', 'evicted') == 21
-    crash.wait_for(lambda: crash.health(node, 'ready')[0] == 200, 20, '/ready to pass')
+    wait.until(lambda: crash.health(node, 'ready')[0] == 200, 20, '/ready to pass')
     assert _connections(node) == (0, 20)
     assert runtime.status().ok
     assert_plugged(node, pod, 23)

@@ -54,6 +54,7 @@ from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
+from tests import wait
 from tests.functional import conftest
 from tests.functional import crash
 from tests.functional import helpers
@@ -160,8 +161,8 @@ class Storm:
             return
         with self.lock:
             self.queued_in_flight += 1
-        crash.wait_for(lambda: not set(mine) & set(crash.queue_entries(self.node)), 30,
-                       'the daemon to replay the queued DEL of %s' % sandbox.container_id)
+        wait.until(lambda: not set(mine) & set(crash.queue_entries(self.node)), 30,
+                   'the daemon to replay the queued DEL of %s' % sandbox.container_id)
 
     # The pods' scripts ---------------------------------------------------------------
 
@@ -286,7 +287,7 @@ class Storm:
 
     def restart(self):
         crash.wait_workers(self.node)
-        crash.wait_for(lambda: not crash.queue_entries(self.node), 30, 'an empty DEL queue')
+        wait.until(lambda: not crash.queue_entries(self.node), 30, 'an empty DEL queue')
         self.end_life()
         assert self.node.stop_daemon() == 0
         self.restarts += 1
@@ -389,14 +390,14 @@ def test_storm(daemon, runtime, capsys):
             storm.restart()
         storm.wave(number)
     crash.wait_workers(node)
-    crash.wait_for(lambda: not crash.queue_entries(node), 30, 'an empty DEL queue')
+    wait.until(lambda: not crash.queue_entries(node), 30, 'an empty DEL queue')
     live = {p.key: p for p in storm.pods if p.live is not None}
     # A worker killed between a binding file and its registry entry, or in
     # the middle of writing a file, is tidied after by the housekeeper within
     # a few seconds.
-    crash.wait_for(lambda: _registry_owners(node) == {k: p.live.container_id
-                                                      for k, p in live.items()}
-                   and not _dot_files(node), 20, 'the registry to hold exactly the live pods')
+    wait.until(lambda: _registry_owners(node) == {k: p.live.container_id
+                                                  for k, p in live.items()}
+               and not _dot_files(node), 20, 'the registry to hold exactly the live pods')
     storm.end_life()
     wall = time.monotonic() - started
 

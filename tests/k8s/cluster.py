@@ -28,12 +28,13 @@ import ssl
 import subprocess
 import tempfile
 import threading
-import time
 import urllib.parse
 import uuid
 
 from kubernetes import client
 import yaml
+
+from tests import wait
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(REPO, 'tools', 'kube-apiserver')
@@ -284,12 +285,8 @@ class Cluster:
                  for group in rule['apiGroups'] for resource in rule['resources']
                  for verb in rule['verbs']}
         # The RBAC authorizer learns of the change through its own watch: ask it.
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if all(self.daemon_may(*triple) == (triple in wanted) for triple in every):
-                return
-            time.sleep(0.1)
-        raise AssertionError('the RBAC change did not take effect')
+        wait.until(lambda: all(self.daemon_may(*triple) == (triple in wanted)
+                               for triple in every), 30, 'the RBAC change to take effect')
 
     def daemon_may(self, group, resource, verb):
         review = {'apiVersion': 'authorization.k8s.io/v1', 'kind': 'SubjectAccessReview',
@@ -304,14 +301,12 @@ class Cluster:
         [crd] = _documents(KURYRPORT_CRD)
         ext = client.ApiextensionsV1Api(self.api)
         self.call(ext.create_custom_resource_definition, crd, _preload_content=False)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:       # Established: served from now on
+
+        def established():      # served from then on
             status = self._json(ext.read_custom_resource_definition, crd['metadata']['name'])
-            if any(c['type'] == 'Established' and c['status'] == 'True'
-                   for c in status.get('status', {}).get('conditions', [])):
-                return
-            time.sleep(0.1)
-        raise AssertionError('the KuryrPort CRD was never established')
+            return any(c['type'] == 'Established' and c['status'] == 'True'
+                       for c in status.get('status', {}).get('conditions', []))
+        wait.until(established, 30, 'the KuryrPort CRD to be established')
 
     # What the server saw -----------------------------------------------------------------------
 

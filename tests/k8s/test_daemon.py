@@ -8,7 +8,7 @@ file ends in a newline, as hand-written ones do.
 
 import concurrent.futures
 
-from tests.functional import crash
+from tests import wait
 from tests.functional import helpers
 from tests.k8s import cluster as k8s
 from tests.unit import osvif_fixtures as fx
@@ -57,9 +57,9 @@ def test_an_add_that_times_out_creates_its_event(cluster, node, runtime):
 
     outcome = runtime.add(sandbox(node, pod))
     assert outcome.error_code == 11, outcome
-    [event] = crash.wait_for(lambda: [e for e in cluster.events()
-                                      if e['involvedObject']['name'] == 'late-1'],
-                             20, 'the Event')
+    [event] = wait.until(lambda: [e for e in cluster.events()
+                                  if e['involvedObject']['name'] == 'late-1'],
+                         20, 'the Event')
     assert event['reason'] == 'CNITimeoutKuryrPortRegistry' and event['type'] == 'Warning'
     assert event['involvedObject']['uid'] == pod['metadata']['uid']
     assert event['source'] == {'component': 'kuryr-daemon', 'host': node.name}

@@ -9,6 +9,7 @@ is sufficient is shown by every other test of the tier (no 403 anywhere).
 
 import pytest
 
+from tests import wait
 from tests.functional import crash
 from tools.testbed import runtime as testruntime
 
@@ -58,11 +59,11 @@ def test_each_permission_is_needed(cluster, node_factory, tmp_path, triple):
         since = cluster.audit_offset()
         if triple[1] == 'events':
             _add_times_out(cluster, node, tmp_path)
-            crash.wait_for(lambda: 'Could not post' in node.daemon_log(), 20, 'the failed post')
+            wait.until(lambda: 'Could not post' in node.daemon_log(), 20, 'the failed post')
             assert [e for e in cluster.events() if e['source'].get('host') == node.name] == []
         else:
             node.start_daemon(vif_source=source, wait=False)
-            crash.wait_for(lambda: refusal in node.daemon_log(), 30, 'the refusal logged')
+            wait.until(lambda: refusal in node.daemon_log(), 30, 'the refusal logged')
             status, facts = crash.health(node, 'ready')
             assert status == 503 and not facts['watcher_synced'], behaviour
         # Logged with the server's message: who may not do what.

@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from tests import wait
 from tests.functional import crash
 from tests.functional import helpers
 from tests.k8s import cluster as k8s
@@ -56,8 +57,8 @@ def start_and_measure(cluster, node):
     since = cluster.audit_offset()
     rx, tx = node.counters()
     node.start_daemon()
-    crash.wait_for(lambda: [r for r in cluster.daemon_requests(since) if r['verb'] == 'watch'],
-                   20, 'the watch')
+    wait.until(lambda: [r for r in cluster.daemon_requests(since) if r['verb'] == 'watch'],
+               20, 'the watch')
     rx2, tx2 = node.counters()
     return [r['verb'] for r in cluster.daemon_requests(since)], rx2 - rx, tx2 - tx
 
@@ -87,7 +88,7 @@ def test_what_each_pod_event_costs(cluster, node):
         """The bytes received and watch events seen while ``change`` is made and delivered."""
         rx, seen = node.counters()[0], events_seen(node)
         change()
-        crash.wait_for(until, 20, label)
+        wait.until(until, 20, label)
         measured[label] = {'rx_bytes': node.counters()[0] - rx,
                            'events': events_seen(node) - seen}
 
@@ -122,7 +123,7 @@ def test_other_nodes_pods_reach_no_watcher(cluster, node_factory):
 
     # A pod of its own after them: once its event is in, theirs would have been too.
     cluster.create_pod('default', 'mine-1', node.name, testhost.Host.vifs(5))
-    crash.wait_for(lambda: events_seen(node) == 1, 20, 'the event of its own pod')
+    wait.until(lambda: events_seen(node) == 1, 20, 'the event of its own pod')
     after_rss, (after_rx, _) = watcher_rss(node), node.counters()
     assert helpers.metric(node, 'kuryr_cni_watch_events_total', type='ADDED') == 1
     assert abs(after_rss - before_rss) <= RSS_SLACK_KIB
@@ -189,8 +190,8 @@ def test_what_open_watches_cost_kube_apiserver(cluster):
     try:
         for round_ in range(2):
             sockets += cluster.open_watches(['w%d-node-%d' % (round_, i) for i in range(step)])
-            crash.wait_for(lambda: cluster.open_pod_watches() >= baseline + len(sockets), 30,
-                           'the watches')
+            wait.until(lambda: cluster.open_pod_watches() >= baseline + len(sockets), 30,
+                       'the watches')
             samples.append(_go_runtime(cluster))
         with_watches = create_pods('busy')
     finally:

@@ -9,6 +9,7 @@ only for versions compacted away. Both are exercised here.
 
 import pytest
 
+from tests import wait
 from tests.functional import crash
 from tests.functional import helpers
 from tests.k8s import cluster as k8s
@@ -34,19 +35,19 @@ def pod_requests(cluster, since):
 def test_after_a_restart_the_watch_resumes_and_an_add_works(cluster, node, runtime):
     node.start_daemon(vif_timeout=60)
     first = cluster.create_pod('default', 'before-1', node.name, testhost.Host.vifs(5))
-    crash.wait_for(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
-                                          type='ADDED') == 1, 20, 'the pod to be seen')
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+                                      type='ADDED') == 1, 20, 'the pod to be seen')
     # Nothing else is written meanwhile: the restarted watch cache starts at this version.
     last = first['metadata']['resourceVersion']
     since = cluster.audit_offset()
 
     cluster.stop()
-    crash.wait_for(lambda: not ready(node), 30, '/ready to fail while the server is down')
+    wait.until(lambda: not ready(node), 30, '/ready to fail while the server is down')
     cluster.start()
     pod = cluster.create_pod('default', 'after-1', node.name, testhost.Host.vifs(6))
     outcome = runtime.add(sandbox(node, pod))
     assert outcome.ok, outcome
-    crash.wait_for(lambda: ready(node), 30, '/ready to pass again')
+    wait.until(lambda: ready(node), 30, '/ready to pass again')
 
     requests = pod_requests(cluster, since)
     assert requests[0] == ('watch', last)             # resumed from the last version seen
@@ -62,17 +63,17 @@ def test_after_a_restart_the_watch_resumes_and_an_add_works(cluster, node, runti
 def test_after_a_restart_an_expired_version_relists_once_from_the_cache(cluster, node):
     node.start_daemon()
     seen = cluster.create_pod('default', 'seen-1', node.name, testhost.Host.vifs(5))
-    crash.wait_for(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
-                                          type='ADDED') == 1, 20, 'the pod to be seen')
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+                                      type='ADDED') == 1, 20, 'the pod to be seen')
     cluster.create_pod('default', 'moved-on-1', 'node-elsewhere')    # the version moves on
     since = cluster.audit_offset()
 
     cluster.restart()
-    crash.wait_for(lambda: [r for r in pod_requests(cluster, since) if r[0] == 'list'],
-                   30, 'the relist')
-    crash.wait_for(lambda: pod_requests(cluster, since)[-1][0] == 'watch', 30,
-                   'the watch after it')
-    crash.wait_for(lambda: ready(node), 30, '/ready to pass again')
+    wait.until(lambda: [r for r in pod_requests(cluster, since) if r[0] == 'list'],
+               30, 'the relist')
+    wait.until(lambda: pod_requests(cluster, since)[-1][0] == 'watch', 30,
+               'the watch after it')
+    wait.until(lambda: ready(node), 30, '/ready to pass again')
     requests = pod_requests(cluster, since)
     version = seen['metadata']['resourceVersion']
     # Resumes from the version seen (the first may meet the RBAC warm-up's 403), a 410,
@@ -101,17 +102,17 @@ def test_a_compaction_past_its_version_relists_exactly_once(etcd_served):
     try:
         since = cluster.audit_offset()
         node.start_daemon(extra='\n[kubernetes]\nwatch_timeout = 10\n')
-        crash.wait_for(lambda: pod_requests(cluster, since)[-1:] == [('watch', None)]
-                       or len(pod_requests(cluster, since)) >= 2, 20, 'the first watch')
+        wait.until(lambda: pod_requests(cluster, since)[-1:] == [('watch', None)]
+                   or len(pod_requests(cluster, since)) >= 2, 20, 'the first watch')
         for index in range(3):       # other nodes' pods: the daemon's version stays behind
             cluster.create_pod('default', 'elsewhere-%d' % index, 'node-elsewhere')
         compacted = cluster.compact()
 
         # The watch ends at its timeout; resuming from a compacted version gets 410.
-        crash.wait_for(lambda: helpers.metric(node, 'kuryr_cni_watch_restarts_total',
-                                              reason='expired') == 1, 40, 'the relist')
-        crash.wait_for(lambda: pod_requests(cluster, since)[-1][0] == 'watch', 30,
-                       'the watch after it')
+        wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_restarts_total',
+                                          reason='expired') == 1, 40, 'the relist')
+        wait.until(lambda: pod_requests(cluster, since)[-1][0] == 'watch', 30,
+                   'the watch after it')
         requests = pod_requests(cluster, since)
         assert [verb for verb, _ in requests].count('list') == 2, requests   # start + one
         assert int(requests[-1][1]) >= compacted

@@ -76,6 +76,7 @@ class FakeKernel:
 
         class Netns:
             NamespaceNotFound = real_netns.NamespaceNotFound
+            kernel_errors = staticmethod(real_netns.kernel_errors)    # no I/O: the real one
 
             @staticmethod
             @contextlib.contextmanager

@@ -50,9 +50,9 @@ def test_refuses_a_missing_path(tmp_path):
 def test_refuses_a_fifo_without_blocking(tmp_path):
     fifo = str(tmp_path / 'fifo')
     os.mkfifo(fifo)
-    start = time.monotonic()
+    # Opened for reading, a FIFO without writer blocks for ever: reaching the
+    # refusal at all is the proof it was never opened.
     assert 'FIFO' in refusal(fifo).msg
-    assert time.monotonic() - start < 5
 
 
 def test_refuses_a_device():
@@ -64,7 +64,7 @@ def test_refuses_a_device():
 def test_refuses_other_kinds_of_namespace(kind, words):
     path = '/proc/self/ns/' + kind
     if not os.path.exists(path):
-        pytest.skip('%s is not available here' % path)
+        pytest.skip('this kernel has no %s namespaces (no %s)' % (kind, path))
     exc = refusal(path)
     assert words in exc.msg and 'not a network namespace' in exc.msg
 
@@ -108,7 +108,7 @@ def test_unanswered_netlink_request_times_out():
     with pytest.raises(netns.NetlinkTimeout) as exc:
         with netns.iproute(timeout=0.2) as ipr:
             ipr.get()                  # waits for an answer to nothing
-    assert 0.2 <= time.monotonic() - start < 5
+    assert time.monotonic() - start >= 0.2      # it waited its whole timeout, not less
     assert exc.value.code == 11 and exc.value.retry
     assert 'no answer within 0.2 s' in exc.value.msg
 

@@ -80,6 +80,15 @@ def _daemon_modules():
 
 
 LOGGING_CONFIG = {'basicConfig', 'dictConfig', 'fileConfig', 'addHandler', 'setLevel'}
+# What runs before oslo.log can be set up, because its configuration is what
+# failed: the one line of a configuration error goes to stderr.
+BEFORE_LOGGING = {('conf.py', '_parse'), (os.path.join('daemon', 'main.py'), 'main')}
+
+
+def _before_logging_lines(path, tree):
+    return {line for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            and (str(path), node.name) in BEFORE_LOGGING
+            for line in range(node.lineno, node.end_lineno + 1)}
 
 
 def _violations(tree):
@@ -103,7 +112,8 @@ def _violations(tree):
 
 def test_the_daemon_speaks_only_through_oslo_log():
     found = ['%s:%d: %s' % (path, line, what)
-             for path, tree in _daemon_modules() for line, what in _violations(tree)]
+             for path, tree in _daemon_modules() for line, what in _violations(tree)
+             if line not in _before_logging_lines(path, tree)]
     assert found == []
 
 

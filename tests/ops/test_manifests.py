@@ -18,6 +18,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / 'etc' / 'kubernetes' / 'kuryr-cni-daemonset.yaml'
+PODMONITOR = REPO / 'etc' / 'kubernetes' / 'kuryr-cni-podmonitor.yaml'
+ALERTS = REPO / 'etc' / 'prometheus' / 'kuryr-cni-alerts.yaml'
+DASHBOARD = REPO / 'etc' / 'grafana' / 'kuryr-cni-dashboard.json'
 ENTRYPOINT = REPO / 'tools' / 'container-entrypoint.sh'
 
 OLDEST_KUBERNETES = '1.28.0'
@@ -259,3 +262,54 @@ def test_configmap_config_sets_only_daemon_options(configmap, tmp_path):
                 assert option in known.get(section, ()), '[%s] %s' % (section, option)
     assert conf.cni_daemon.vif_source == 'annotation'
     assert conf.kubernetes.api_root is None and conf.kubernetes.kubeconfig is None
+
+
+# --- the PodMonitor (Prometheus Operator) ---------------------------------------------
+
+# PodMonitor fields (monitoring.coreos.com/v1) used here: the Operator's CRDs
+# are not available offline, so unknown fields are caught by this list.
+PODMONITOR_SPEC = {'jobLabel', 'namespaceSelector', 'selector', 'podMetricsEndpoints',
+                   'podTargetLabels', 'sampleLimit'}
+ENDPOINT_FIELDS = {'port', 'path', 'interval', 'scrapeTimeout', 'scheme', 'relabelings',
+                   'metricRelabelings', 'honorLabels'}
+
+
+@pytest.fixture(scope='module')
+def podmonitor():
+    with open(PODMONITOR) as f:
+        [doc] = [d for d in yaml.safe_load_all(f) if d is not None]
+    return doc
+
+
+def test_podmonitor_is_a_podmonitor_beside_the_daemonset(podmonitor, daemonset):
+    assert (podmonitor['apiVersion'], podmonitor['kind']) == ('monitoring.coreos.com/v1',
+                                                              'PodMonitor')
+    assert set(podmonitor['spec']) <= PODMONITOR_SPEC
+    namespace = daemonset['metadata']['namespace']
+    assert podmonitor['metadata']['namespace'] == namespace
+    assert podmonitor['spec']['namespaceSelector'] == {'matchNames': [namespace]}
+
+
+def test_podmonitor_selects_the_pods_and_their_metrics_port(podmonitor, daemonset, container):
+    pod_labels = daemonset['spec']['template']['metadata']['labels']
+    for key, value in podmonitor['spec']['selector']['matchLabels'].items():
+        assert pod_labels[key] == value, key
+    [endpoint] = podmonitor['spec']['podMetricsEndpoints']
+    assert set(endpoint) <= ENDPOINT_FIELDS
+    ports = {p['name']: p['containerPort'] for p in container['ports']}
+    assert endpoint['port'] in ports and ports[endpoint['port']] == 9655
+    assert endpoint['path'] == '/metrics'
+
+
+def test_podmonitor_job_is_the_one_alerts_and_dashboard_expect(podmonitor, daemonset):
+    """The Operator names the job after the value of the pods' jobLabel label."""
+    pod_labels = daemonset['spec']['template']['metadata']['labels']
+    job = pod_labels[podmonitor['spec']['jobLabel']]
+    assert job == 'kuryr-cni'
+    with open(ALERTS) as f:
+        exprs = [rule['expr'] for group in yaml.safe_load(f)['groups']
+                 for rule in group['rules']]
+    assert all('job="%s"' % job in expr for expr in exprs)
+    with open(DASHBOARD) as f:
+        variables = {v['name']: v for v in json.load(f)['templating']['list']}
+    assert variables['job']['current']['value'] == job

@@ -91,7 +91,8 @@ def test_unit_stops_gracefully():
 
 def test_unit_starts_the_daemon_with_its_config():
     command = _one('ExecStart').split()
-    assert Path(command[0]).is_absolute() and Path(command[0]).name == 'kuryr-cni-daemon'
+    # The virtualenv of doc/source/install.rst (tests/ops/test_install.py).
+    assert command[0] == '/opt/kuryr-cni/bin/kuryr-cni-daemon'
     assert command[1:] == ['--config-file', CONFIG]
     assert 'User' not in SERVICE or SERVICE['User'] == ['root']
 
@@ -458,21 +459,85 @@ def test_zuul_devstack_job_enables_the_plugin_and_the_service():
     assert services['k8s-master'] is True
 
 
-def test_zuul_pipelines_run_unit_functional_and_devstack_jobs():
+def test_zuul_pipelines_run_every_tier_and_the_devstack_job():
     _, project = _zuul()
     check = _job_names(project['check'])
     gate = _job_names(project['gate'])
-    for job in ('openstack-tox-py311', 'openstack-tox-functional', 'kuryr-cni-devstack'):
+    for job in ('openstack-tox-pep8', 'openstack-tox-py311', 'kuryr-cni-tox-ops',
+                'kuryr-cni-tox-py3-constraints', 'kuryr-cni-tox-functional',
+                'kuryr-cni-devstack'):
         assert job in check and job in gate, job
+    # As the zuul user, every functional test would skip: never that job.
+    assert 'openstack-tox-functional' not in check
     assert set(gate) <= set(check)
 
 
-def test_zuul_tox_jobs_have_their_tox_environments():
+def _tox_envs():
     import configparser
     tox = configparser.ConfigParser(interpolation=None)
     tox.read(REPO / 'tox.ini')
-    _, project = _zuul()
+    return tox
+
+
+def test_zuul_tox_jobs_have_their_tox_environments():
+    tox = _tox_envs()
+    jobs, project = _zuul()
     for job in _job_names(project['check']):
         match = re.fullmatch(r'openstack-tox-(\w+)', job)
         if match and not re.fullmatch(r'py\d+', match.group(1)):
             assert tox.has_section('testenv:%s' % match.group(1)), job
+        if job in jobs and 'tox_envlist' in jobs[job].get('vars', {}):
+            assert tox.has_section('testenv:%s' % jobs[job]['vars']['tox_envlist']), job
+
+
+def test_zuul_functional_job_runs_tox_as_root_with_ci_true():
+    jobs, _ = _zuul()
+    job = jobs['kuryr-cni-tox-functional']
+    assert job['vars']['tox_envlist'] == 'functional'
+    with open(REPO / job['run']) as f:
+        [play] = yaml.safe_load(f)
+    [task] = play['tasks']
+    assert task['become'] is True
+    assert task['command'].endswith('-e {{ tox_envlist }}')
+    assert task['args']['chdir'] == '{{ zuul.project.src_dir }}'
+    assert task['environment']['CI'] == 'true'
+
+
+def test_zuul_ops_job_runs_with_ci_true():
+    jobs, _ = _zuul()
+    assert jobs['kuryr-cni-tox-ops']['vars']['tox_environment']['CI'] == 'true'
+    assert 'CI' in _tox_envs()['testenv']['passenv']
+
+
+def test_ci_run_exports_ci_true():
+    text = (REPO / '.ci' / 'run').read_text()
+    assert re.search(r'^export CI=true$', text, re.M)
+    assert text.rstrip().endswith('exec tools/test')
+
+
+# --- bindep.txt ------------------------------------------------------------------
+
+def _bindep():
+    packages = {}
+    for line in (REPO / 'bindep.txt').read_text().splitlines():
+        line = line.split('#')[0].strip()
+        if line:
+            name, _, selector = line.partition(' ')
+            packages[name] = set(selector.strip('[]').split())
+    return packages
+
+
+def _bootstrap_packages():
+    text = (REPO / 'tools' / 'bootstrap').read_text()
+    block = re.search(r'^PACKAGES=\((.*?)^\)', text, re.M | re.S).group(1)
+    return {word for line in block.splitlines() for word in line.split('#')[0].split()}
+
+
+def test_bindep_installs_for_the_tests_what_bootstrap_installs_here():
+    packages = _bindep()
+    for name, selector in packages.items():
+        assert {'platform:dpkg', 'test'} <= selector, name
+    # python3 itself is the gate node's; promtool comes from the prometheus
+    # package there, from a download of it here.
+    assert _bootstrap_packages() - {'python3'} <= set(packages)
+    assert {'prometheus', 'iproute2', 'openvswitch-switch', 'golang-go'} <= set(packages)

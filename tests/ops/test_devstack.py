@@ -9,14 +9,20 @@ the machine. DevStack's functions are replaced by small stubs that record
 their calls; ``iniset`` is a real (tiny) INI writer so the daemon's config
 file can be read back, and checked against the daemon's own options.
 
-The readiness wait talks to a real HTTP server on 127.0.0.1 through the real
-``curl``.
+The commands of the smoke test (``kubectl``, ``crictl``, ``ip``) and the
+virtualenv's ``pip`` are stand-ins on PATH that record their calls and
+answer as the test says. The readiness wait and the smoke test's metrics
+read talk to a real HTTP server on 127.0.0.1 through the real ``curl``.
+
+Every variable the plugin reads from another project is checked against a
+list of where that project defines it.
 """
 
 import configparser
 import http.server
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -27,6 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / 'devstack' / 'plugin.sh'
@@ -86,18 +93,18 @@ sudo() {
 
 run_process() { _kc_record run_process "$@"; }
 stop_process() { _kc_record stop_process "$@"; }
-pip_install() { _kc_record pip_install "$@"; }
 install_package() { _kc_record install_package "$@"; }
 
-# Like `pip install -e`: leaves the console script behind.
-setup_develop() {
-    _kc_record setup_develop "$@"
-    mkdir -p "$KC_VENV_BIN"
-    printf '#!/bin/sh\nexit 0\n' > "$KC_VENV_BIN/kuryr-cni-daemon"
-    chmod 0755 "$KC_VENV_BIN/kuryr-cni-daemon"
+# DevStack's: the value of the variable named $2 as True or False, $1 if unset.
+trueorfalse() {
+    local default=$1 value=${!2:-}
+    case "${value,,}" in
+        1|yes|true|on) echo True ;;
+        0|no|false|off) echo False ;;
+        '') echo "$default" ;;
+        *) die $LINENO "$2=$value is no boolean" ;;
+    esac
 }
-
-get_python_exec_prefix() { echo "$KC_VENV_BIN"; }
 
 iniset() {
     if [[ "$1" == "-sudo" ]]; then
@@ -106,6 +113,50 @@ iniset() {
     _kc_record iniset "$@"
     "$KC_PYTHON" "$KC_STUBS/iniset.py" "$@"
 }
+'''
+
+# Commands on PATH. Each records its call like the functions above.
+COMMANDS = {
+    # `python3 -m venv DIR` makes a stand-in venv; any other use is Python's.
+    'python3': r'''#!/bin/bash
+if [[ "$1" == "-m" && "$2" == "venv" ]]; then
+    source "$KC_STUBS/functions.sh"
+    _kc_record python3 "$@"
+    mkdir -p "$3/bin"
+    cp "$KC_STUBS/pip" "$3/bin/pip"
+    exit 0
+fi
+exec "$KC_PYTHON" "$@"
+''',
+    'kubectl': r'''#!/bin/bash
+source "$KC_STUBS/functions.sh"
+_kc_record kubectl "$@"
+case "$1" in
+    apply) cat > "$KC_APPLIED" ;;
+    wait) [[ " $KC_NOT_READY " != *" ${3} "* ]] || exit 1 ;;
+    delete) [[ -n "${KC_DEVICE_STAYS:-}" ]] || echo '[]' > "$KC_LINKS" ;;
+esac
+''',
+    'crictl': r'''#!/bin/bash
+source "$KC_STUBS/functions.sh"
+_kc_record crictl "$@"
+echo "$KC_SANDBOX"
+''',
+    'ip': r'''#!/bin/bash
+source "$KC_STUBS/functions.sh"
+_kc_record ip "$@"
+if [[ "$*" == "-j link show" ]]; then
+    cat "$KC_LINKS"
+fi
+''',
+}
+
+# The virtualenv's pip: records, and leaves the console script behind.
+PIP = r'''#!/bin/bash
+source "$KC_STUBS/functions.sh"
+_kc_record pip "$@"
+printf '#!/bin/sh\nexit 0\n' > "$(dirname "$0")/kuryr-cni-daemon"
+chmod 0755 "$(dirname "$0")/kuryr-cni-daemon"
 '''
 
 # DevStack's iniset semantics: create the file and the section when missing,
@@ -148,22 +199,31 @@ source "$KC_PLUGIN" "$@"
 
 
 class ReadyServer:
-    """GET /ready answers 503 ``fail_first`` times (forever if None), then 200."""
+    """GET /ready answers 503 ``fail_first`` times (forever if None), then 200.
+
+    GET /metrics answers ``metrics``, the daemon's text format.
+    """
 
     def __init__(self):
         self.fail_first = 0
         self.paths = []
+        self.metrics = ''
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                if self.path == '/metrics':
+                    return self._answer(200, server.metrics.encode())
                 server.paths.append(self.path)
                 failing = (server.fail_first is None
                            or len(server.paths) <= server.fail_first)
-                code = 503 if failing or self.path != '/ready' else 200
+                self._answer(503 if failing or self.path != '/ready' else 200, b'')
+
+            def _answer(self, code, body):
                 self.send_response(code)
-                self.send_header('Content-Length', '0')
+                self.send_header('Content-Length', str(len(body)))
                 self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args):
                 pass
@@ -189,13 +249,15 @@ def ready_server():
 class Stack:
     """One temporary DevStack host: its paths, and a way to run phases."""
 
-    def __init__(self, tmp_path, health_port, shim):
+    def __init__(self, tmp_path, server_port, shim):
         self.root = tmp_path / 'root'
         self.stubs = tmp_path / 'stubs'
         self.calls_file = tmp_path / 'calls'
+        self.applied = tmp_path / 'applied.yaml'      # what kubectl apply read
+        self.links = tmp_path / 'links.json'          # what ip -j link show prints
         r = self.root
         self.home = r / 'opt/stack/kuryr-cni'
-        self.venv_bin = r / 'opt/stack/data/venv/bin'
+        self.venv = r / 'opt/stack/data/venv-kuryr-cni'
         self.cni_bin_dir = r / 'opt/cni/bin'
         self.cni_conf_dir = r / 'etc/cni/net.d'
         self.conf_dir = r / 'etc/kuryr-cni'
@@ -210,21 +272,28 @@ class Stack:
         (self.home / 'tools/build-shim').write_text(BUILD_SHIM)
         (self.home / 'tools/build-shim').chmod(0o755)
         (r / 'tmp').mkdir()
-        self.stubs.mkdir()
+        (self.stubs / 'bin').mkdir(parents=True)
         (self.stubs / 'functions.sh').write_text(STUBS)
         (self.stubs / 'iniset.py').write_text(INISET)
         (self.stubs / 'run.sh').write_text(RUNNER)
+        (self.stubs / 'pip').write_text(PIP)
+        (self.stubs / 'pip').chmod(0o755)
+        for name, text in COMMANDS.items():
+            (self.stubs / 'bin' / name).write_text(text)
+            (self.stubs / 'bin' / name).chmod(0o755)
         self.calls_file.write_text('')
+        self.links.write_text('[]')
 
         self.env = {
-            'PATH': os.environ.get('PATH', '/usr/bin:/bin'),
+            'PATH': '%s:%s' % (self.stubs / 'bin', os.environ.get('PATH', '/usr/bin:/bin')),
             'HOME': str(r / 'tmp'),
             'TMPDIR': str(r / 'tmp'),
             'LANG': 'C.UTF-8',
             'KC_ROOT': str(r),
             'KC_STUBS': str(self.stubs),
             'KC_CALLS': str(self.calls_file),
-            'KC_VENV_BIN': str(self.venv_bin),
+            'KC_APPLIED': str(self.applied),
+            'KC_LINKS': str(self.links),
             'KC_PYTHON': sys.executable,
             'KC_SHIM': shim,
             'KC_SETTINGS': str(SETTINGS),
@@ -234,15 +303,20 @@ class Stack:
             'DATA_DIR': str(r / 'opt/stack/data'),
             'STACK_USER': _current_user(),
             'ENABLE_DEBUG_LOG_LEVEL': 'True',
-            'ENABLED_SERVICES': 'etcd3,k8s-master,kuryr-cni-daemon',
-            # Every path of the plugin, inside the root.
-            'CNI_BIN_DIR': str(self.cni_bin_dir),
+            'ENABLED_SERVICES': 'etcd3,container,k8s-master,kuryr-cni-daemon',
+            # What devstack-plugin-container's kubeadm needs (see local.conf.sample).
+            'CONTAINER_ENGINE': 'crio',
+            'K8S_TOKEN': '9a08jv.c0izixklcxtmnze7',
+            # Every path of the plugin, inside the root; devstack-plugin-container's
+            # CNI_PLUGIN_DIR and CNI_CONF_DIR name the runtime's directories.
+            'CNI_PLUGIN_DIR': str(self.cni_bin_dir),
             'CNI_CONF_DIR': str(self.cni_conf_dir),
             'KURYR_CNI_CONF_DIR': str(self.conf_dir),
             'KURYR_CNI_STATE_DIR': str(self.state_dir),
             'KURYR_CNI_RUN_DIR': str(self.run_dir),
             'KURYR_CNI_KUBECONFIG': str(self.kubeconfig),
-            'KURYR_CNI_HEALTH_PORT': str(health_port),
+            'KURYR_CNI_HEALTH_PORT': str(server_port),
+            'KURYR_CNI_PROMETHEUS_PORT': str(server_port),
             'KURYR_CNI_READY_TIMEOUT': '20',
         }
 
@@ -257,12 +331,16 @@ class Stack:
                 ' '.join(args), proc.returncode, proc.stdout, proc.stderr))
         return proc
 
-    def run_code(self, code, env=None):
-        """Source settings and plugin.sh (service disabled), then run ``code``."""
+    def run_code(self, code, env=None, base=None):
+        """Source settings and plugin.sh (service disabled), then run ``code``.
+
+        ``base`` replaces the host's environment, ``env`` is added to it.
+        """
         script = self.stubs / 'snippet.sh'
         script.write_text(RUNNER.replace('source "$KC_PLUGIN" "$@"', 'source "$KC_PLUGIN"')
                           + code + '\n')
-        full_env = dict(self.env, ENABLED_SERVICES='', **(env or {}))
+        full_env = dict(self.env if base is None else base, ENABLED_SERVICES='')
+        full_env.update(env or {})
         return subprocess.run(['bash', str(script)], env=full_env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=60)
@@ -272,7 +350,7 @@ class Stack:
         return [r[1:] for r in records if name is None or r[0] == name]
 
     def stack(self):
-        for phase in ('install', 'post-config', 'extra'):
+        for phase in ('install', 'post-config', 'extra', 'test-config'):
             self.run('stack', phase)
 
     def files(self):
@@ -326,10 +404,13 @@ def test_iniset_stub_adds_and_replaces(host):
 
 # --- stack install -----------------------------------------------------------
 
-def test_install_develops_the_package_then_builds_and_installs_the_shim(host, shim_binary):
+def test_install_makes_the_venv_installs_the_package_then_builds_the_shim(host, shim_binary):
     host.run('stack', 'install')
 
-    assert host.calls('setup_develop') == [[str(host.home)]]
+    # Its own virtualenv, its own pip: OpenStack's upper-constraints stay out.
+    assert host.calls('python3') == [['-m', 'venv', str(host.venv)]]
+    assert host.calls('pip') == [['install', '--upgrade', '-e', str(host.home)]]
+    assert host.calls('pip_install') == host.calls('setup_develop') == []
     assert host.calls('install_package') == [['golang-go']]
     assert host.calls('build-shim') == [[]]
     assert _tree(host.cni_bin_dir) == ['kuryr-cni']     # no temporary file left
@@ -337,6 +418,13 @@ def test_install_develops_the_package_then_builds_and_installs_the_shim(host, sh
     assert _mode(shim) == 0o755
     assert shim.read_bytes() == Path(shim_binary).read_bytes()
     _assert_answers_version(shim)
+
+
+def test_install_reuses_an_existing_venv(host):
+    host.run('stack', 'install')
+    host.run('stack', 'install')
+    assert len(host.calls('python3')) == 1
+    assert len(host.calls('pip')) == 2
 
 
 def test_install_replaces_an_existing_shim_in_place(host):
@@ -373,6 +461,123 @@ def test_the_plugin_builds_with_the_repository_build_script():
     assert os.access(REPO / 'tools' / 'build-shim', os.X_OK)
 
 
+@pytest.mark.parametrize('env, words', [
+    ({'CONTAINER_ENGINE': 'docker'}, 'CONTAINER_ENGINE=docker'),
+    ({'CONTAINER_ENGINE': ''}, 'needs CONTAINER_ENGINE=crio'),
+    ({'K8S_TOKEN': ''}, 'K8S_TOKEN must be a kubeadm bootstrap token'),
+    ({'K8S_TOKEN': 'abcdef.0123456789ABCDEF'}, 'K8S_TOKEN must be'),
+    ({'K8S_TOKEN': 'abcdef-0123456789abcdef'}, 'K8S_TOKEN must be'),
+])
+def test_install_refuses_what_devstack_plugin_containers_kubeadm_refuses(host, env, words):
+    proc = host.run('stack', 'install', env=env, check=False)
+    assert proc.returncode != 0
+    assert words in proc.stderr
+    assert host.calls('pip') == []
+
+
+@pytest.mark.parametrize('services', ['etcd3,container,k8s-node,kuryr-cni-daemon',
+                                      'etcd3,container,k8s-master,kuryr-cni-daemon'])
+def test_kubernetes_settings_are_checked_on_every_kubeadm_node(host, services):
+    proc = host.run('stack', 'install', env={'ENABLED_SERVICES': services,
+                                             'CONTAINER_ENGINE': 'docker'}, check=False)
+    assert 'CONTAINER_ENGINE=docker' in proc.stderr
+
+
+def test_kubernetes_settings_are_not_checked_without_kubeadm(host):
+    # Kubernetes installed some other way: nothing of devstack-plugin-container applies.
+    host.run('stack', 'install', env={'ENABLED_SERVICES': 'kuryr-cni-daemon',
+                                      'CONTAINER_ENGINE': '', 'K8S_TOKEN': ''})
+    assert host.calls('pip')
+
+
+# --- what the plugin reads from other projects -----------------------------------
+
+# Every variable the plugin and its settings read without defining it: where
+# it is defined (read from the projects' own sources).
+FOREIGN = {
+    'DEST': 'devstack: stackrc',
+    'DATA_DIR': 'devstack: stackrc',
+    'STACK_USER': 'devstack: stackrc',
+    'ENABLE_DEBUG_LOG_LEVEL': 'devstack: stackrc',
+    'CNI_PLUGIN_DIR': 'devstack-plugin-container: devstack/settings',
+    'CNI_CONF_DIR': 'devstack-plugin-container: devstack/settings',
+    'CONTAINER_ENGINE': 'devstack-plugin-container: devstack/settings',
+    'K8S_TOKEN': 'devstack-plugin-container: devstack/lib/k8s',
+}
+BASH = {'LINENO', 'SECONDS', 'BASH_SOURCE', 'LC_ALL'}
+
+
+def _variables_read(text):
+    """Names of the variables a shell text expands."""
+    text = '\n'.join(line for line in text.splitlines() if not line.lstrip().startswith('#'))
+    # Not the Python and JSON programs fed to python3 on stdin or as arguments.
+    text = re.sub(r"<<'EOF'.*?\nEOF\n", '', text, flags=re.S)
+    text = re.sub(r"python3 -c '.*?'", '', text, flags=re.S)
+    return set(re.findall(r'\$\{?!?([A-Za-z_][A-Za-z0-9_]*)', text))
+
+
+def _locals(text):
+    """Names declared ``local`` (``local a b=$1 c=$2``)."""
+    declared = set()
+    for line in re.findall(r'^\s*local\s+(.*)$', text, re.M):
+        declared |= set(re.findall(r'(?:^|\s)([A-Za-z_][A-Za-z0-9_]*)(?==|\s|$)', line))
+    return declared
+
+
+def _foreign(text):
+    """Variables read that are neither ours (KURYR_CNI_*), nor local, nor bash's."""
+    return {name for name in _variables_read(text) - _locals(text) - BASH
+            if not name.startswith(('KURYR_CNI_', '_XTRACE_KURYR_CNI'))}
+
+
+def test_the_plugin_reads_only_variables_whose_origin_is_known():
+    text = PLUGIN.read_text() + '\n' + SETTINGS.read_text()
+    read = _foreign(text)
+    unknown = read - set(FOREIGN)
+    assert not unknown, 'read from where? %s' % sorted(unknown)
+    assert set(FOREIGN) <= read, 'no longer read: %s' % sorted(set(FOREIGN) - read)
+
+
+def test_the_origin_check_catches_a_misnamed_variable():
+    # The name devstack-plugin-container gives CNI_PLUGIN_DIR, as settings once had it.
+    text = 'CNI_BIN_DIR=${CNI_BIN_DIR:-/opt/cni/bin}\nf() {\n    local x=$1\n    echo "$x"\n}\n'
+    assert _foreign(text) == {'CNI_BIN_DIR'}
+
+
+def test_no_variable_of_another_project_is_assigned():
+    text = PLUGIN.read_text() + '\n' + SETTINGS.read_text()
+    assigned = set(re.findall(r'^\s*([A-Za-z_][A-Za-z0-9_]*)=', text, re.M))
+    assert not set(FOREIGN) & assigned
+
+
+@pytest.mark.parametrize('env, plugin_dir, network_dir', [
+    ({}, '/opt/cni/bin', '/etc/cni/net.d'),
+    ({'CNI_PLUGIN_DIR': '', 'CNI_CONF_DIR': ''}, '/opt/cni/bin', '/etc/cni/net.d'),
+    ({'CNI_PLUGIN_DIR': '/usr/libexec/cni', 'CNI_CONF_DIR': '/etc/crio/net.d'},
+     '/usr/libexec/cni', '/etc/crio/net.d'),
+    # A variable of that name exists nowhere in devstack-plugin-container.
+    ({'CNI_BIN_DIR': '/elsewhere'}, '/opt/cni/bin', '/etc/cni/net.d'),
+])
+def test_cni_directories_follow_devstack_plugin_container(host, env, plugin_dir, network_dir):
+    base = {k: v for k, v in host.env.items() if k not in ('CNI_PLUGIN_DIR', 'CNI_CONF_DIR')}
+    proc = host.run_code('echo "$KURYR_CNI_PLUGIN_DIR $KURYR_CNI_NETWORK_DIR"',
+                         env=env, base=base)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [plugin_dir, network_dir]
+
+
+@pytest.mark.parametrize('services, kubeconfig', [
+    ('etcd3,k8s-master', '/etc/kubernetes/admin.conf'),
+    # kubeadm join leaves no admin.conf, but the kubelet's kubeconfig.
+    ('k8s-node', '/etc/kubernetes/kubelet.conf'),
+])
+def test_the_kubeconfig_is_one_that_exists_on_the_node(host, services, kubeconfig):
+    base = {k: v for k, v in host.env.items() if k != 'KURYR_CNI_KUBECONFIG'}
+    proc = host.run_code('echo "$KURYR_CNI_KUBECONFIG"', base=base,
+                         env={'ENABLED_SERVICES': services})
+    assert proc.stdout.strip() == kubeconfig, proc.stderr
+
+
 # --- stack post-config -------------------------------------------------------
 
 def test_post_config_writes_the_daemon_config(host):
@@ -398,7 +603,8 @@ def test_post_config_writes_the_daemon_config(host):
     assert 'link_iface' not in conf['binding']
     assert (conf['health']['host'], conf['health']['port']) == ('0.0.0.0', host.env[
         'KURYR_CNI_HEALTH_PORT'])
-    assert (conf['prometheus']['host'], conf['prometheus']['port']) == ('0.0.0.0', '9655')
+    assert (conf['prometheus']['host'], conf['prometheus']['port']) == ('0.0.0.0', host.env[
+        'KURYR_CNI_PROMETHEUS_PORT'])
 
     assert host.state_dir.is_dir()
     assert _mode(host.state_dir) == 0o700
@@ -424,7 +630,7 @@ def test_post_config_options_are_the_daemons_own(host):
     assert conf.cni_daemon.socket == str(host.socket)
     assert conf.kubernetes.kubeconfig == str(host.kubeconfig)
     assert conf.health.port == int(host.env['KURYR_CNI_HEALTH_PORT'])
-    assert conf.prometheus.port == 9655
+    assert conf.prometheus.port == int(host.env['KURYR_CNI_PROMETHEUS_PORT'])
 
 
 def test_post_config_with_api_root_token_and_ca(host):
@@ -462,7 +668,7 @@ def test_post_config_rewrites_the_config_from_scratch(host):
 def test_post_config_writes_the_conflist(host):
     host.run('stack', 'post-config')
 
-    conflist = host.cni_conf_dir / '10-kuryr.conflist'
+    conflist = host.cni_conf_dir / '00-kuryr.conflist'
     data = json.loads(conflist.read_text())
     assert data == {
         'cniVersion': '1.1.0',
@@ -476,7 +682,7 @@ def test_post_config_writes_the_conflist(host):
     }
     assert _mode(conflist) == 0o644
     # Written through a temporary name the runtime ignores, none left over.
-    assert [p.name for p in host.cni_conf_dir.iterdir()] == ['10-kuryr.conflist']
+    assert [p.name for p in host.cni_conf_dir.iterdir()] == ['00-kuryr.conflist']
 
     # The shim and the daemon must agree on the socket and the state dir.
     conf = _read_conf(host.conf)
@@ -484,13 +690,37 @@ def test_post_config_writes_the_conflist(host):
     assert data['plugins'][0]['state_dir'] == conf['cni_daemon']['state_dir']
 
 
-def test_post_config_warns_about_configs_that_shadow_ours(host):
+@pytest.mark.parametrize('others', [
+    # flannel's, CRI-O's and podman's bridges, devstack-plugin-container's.
+    ['10-flannel.conflist', '10-crio-bridge.conflist', '11-crio-ipv4-bridge.conflist',
+     '87-podman-bridge.conflist', '10-bridge.conf', '99-loopback.conf'],
+    # Not configurations: runtimes ignore them.
+    ['.00-hidden.conflist.tmp', '00-a.conflist.disabled', '00-README'],
+])
+def test_post_config_puts_ours_first_among_what_runtimes_read(host, others):
     host.cni_conf_dir.mkdir(parents=True)
-    (host.cni_conf_dir / '05-flannel.conflist').write_text('{}')
-    (host.cni_conf_dir / '99-loopback.conf').write_text('{}')
-    proc = host.run('stack', 'post-config')
-    assert '05-flannel.conflist sorts before' in proc.stderr
-    assert '99-loopback.conf sorts before' not in proc.stderr
+    for name in others:
+        (host.cni_conf_dir / name).write_text('{}')
+    host.run('stack', 'post-config')
+    proc = host.run_code('kuryr_cni_first_conflist')
+    assert proc.stdout.strip() == '00-kuryr.conflist'
+
+
+@pytest.mark.parametrize('first', ['00-cilium.conflist', '00-aaa.conf', '0-x.json'])
+def test_post_config_fails_when_another_config_sorts_first(host, first):
+    host.cni_conf_dir.mkdir(parents=True)
+    (host.cni_conf_dir / first).write_text('{}')
+    proc = host.run('stack', 'post-config', check=False)
+    assert proc.returncode != 0
+    assert '%s sorts before 00-kuryr.conflist' % first in proc.stderr
+    assert 'KURYR_CNI_CONFLIST_NAME' in proc.stderr
+
+
+def test_post_config_takes_the_conflist_name_from_its_setting(host):
+    host.cni_conf_dir.mkdir(parents=True)
+    (host.cni_conf_dir / '00-multus.conf').write_text('{}')
+    host.run('stack', 'post-config', env={'KURYR_CNI_CONFLIST_NAME': '0-kuryr.conflist'})
+    assert (host.cni_conf_dir / '0-kuryr.conflist').is_file()
 
 
 def test_post_config_rejects_a_bad_shim_timeout(host):
@@ -511,7 +741,7 @@ def test_extra_starts_the_daemon_and_waits_for_ready(host, ready_server):
 
     assert host.calls('run_process') == [[
         'kuryr-cni-daemon',
-        '%s/kuryr-cni-daemon --config-file %s' % (host.venv_bin, host.conf),
+        '%s/bin/kuryr-cni-daemon --config-file %s' % (host.venv, host.conf),
         'root', 'root',
     ]]
     # 503, 503, then 200: it polled until ready, and then stopped.
@@ -552,6 +782,119 @@ def test_ready_url_reaches_the_health_server_bind_address(host, bind, url_host):
     assert proc.stdout.strip() == 'http://%s:8090/ready' % url_host
 
 
+# --- stack test-config: the smoke test ---------------------------------------
+
+SANDBOX = 'a3' * 32                      # what crictl answers: a sandbox ID
+METRICS = """# HELP kuryr_cni_requests_total CNI requests handled, by command and result.
+# TYPE kuryr_cni_requests_total counter
+kuryr_cni_requests_total{command="ADD",result="error"} 4.0
+kuryr_cni_requests_total{command="ADD",result="success"} %s
+kuryr_cni_requests_total{command="DEL",result="success"} 7.0
+"""
+
+
+def _link(ifname, alias=None):
+    link = {'ifindex': 7, 'ifname': ifname, 'flags': ['UP'], 'mtu': 1500}
+    if alias is not None:
+        link['ifalias'] = alias
+    return link
+
+
+@pytest.fixture
+def plumbed(host, ready_server):
+    """A node where the pod came up, its host device tagged, one ADD counted."""
+    ready_server.metrics = METRICS % '1.0'
+    host.links.write_text(json.dumps([
+        _link('lo'), _link('kuryr-smoke0'),
+        _link('kc0123456789abc', 'kuryr-cni:%s:eth0' % SANDBOX),
+        _link('kc1111111111111', 'kuryr-cni:%s:eth0' % ('b4' * 32))]))
+    host.cni_conf_dir.mkdir(parents=True)
+    (host.cni_conf_dir / '00-kuryr.conflist').write_text('{}')
+    (host.cni_conf_dir / '10-crio-bridge.conflist').write_text('{}')
+    host.env.update(KURYR_CNI_SMOKE_TEST='True', KC_SANDBOX=SANDBOX, KC_NOT_READY='',
+                    KURYR_CNI_NODE_NAME='node-1')
+    return host
+
+
+@needs_curl
+def test_smoke_test_starts_a_pod_proves_it_plumbed_and_deletes_it(plumbed):
+    host = plumbed
+    proc = host.run('stack', 'test-config')
+    assert 'kuryr-cni plumbed pod kuryr-cni-smoke: sandbox %s, 1 successful ADDs' % SANDBOX \
+        in proc.stdout
+
+    kubectl = host.calls('kubectl')
+    assert [call[:2] for call in kubectl] == [
+        ['wait', '--for=condition=Ready'], ['apply', '-f'],
+        ['wait', '--for=condition=Ready'], ['delete', 'pod']]
+    assert kubectl[0][2] == 'node/node-1' and kubectl[2][2] == 'pod/kuryr-cni-smoke'
+    assert all(any(a.startswith('--timeout=300s') for a in call) for call in kubectl
+               if call[0] != 'apply')
+    [crictl] = host.calls('crictl')
+    assert crictl[:2] == ['--runtime-endpoint', 'unix:///var/run/crio/crio.sock']
+    assert '^kuryr-cni-smoke$' in crictl and '--quiet' in crictl
+    assert ['link', 'del', 'kuryr-smoke0'] in host.calls('ip')
+
+
+def test_smoke_pod_is_a_pod_on_this_node_whose_vif_the_daemon_accepts(plumbed):
+    from kuryr_cni import vif
+    proc = plumbed.run_code('kuryr_cni_smoke_pod kuryr-cni-smoke',
+                            env={'KURYR_CNI_NODE_NAME': 'node-1'})
+    pod = yaml.safe_load(proc.stdout)
+    assert (pod['kind'], pod['metadata']['name']) == ('Pod', 'kuryr-cni-smoke')
+    assert pod['spec']['nodeName'] == 'node-1'
+    vifs = vif.parse_annotation(pod['metadata']['annotations'][vif.ANNOTATION])
+    assert list(vifs) == ['eth0']
+    assert (vifs['eth0'].kind, vifs['eth0'].bridge, vifs['eth0'].active) == (
+        'bridge', 'kuryr-smoke0', True)
+    assert pod['spec']['containers'][0]['image'] == 'registry.k8s.io/pause:3.10'
+
+
+@needs_curl
+@pytest.mark.parametrize('breakage, words', [
+    ({'KC_NOT_READY': 'node/node-1'}, 'Node node-1 not Ready after 300s'),
+    ({'KC_NOT_READY': 'pod/kuryr-cni-smoke'}, 'Pod kuryr-cni-smoke not Ready after 300s'),
+    ({'KC_SANDBOX': ''}, 'Expected the one ready sandbox of pod kuryr-cni-smoke'),
+    ({'KC_SANDBOX': SANDBOX + '\n' + 'b4' * 32}, 'Expected the one ready sandbox'),
+    # Plumbed by another plugin: no device carries this sandbox's owner tag.
+    ({'KC_SANDBOX': 'c5' * 32}, 'No host device carries the owner tag kuryr-cni:%s:eth0'
+     % ('c5' * 32)),
+    ({'KC_DEVICE_STAYS': '1'}, 'The host device of sandbox %s outlived' % SANDBOX),
+])
+def test_smoke_test_fails_on_every_missing_proof(plumbed, breakage, words):
+    proc = plumbed.run('stack', 'test-config', env=breakage, check=False)
+    assert proc.returncode != 0
+    assert words in proc.stderr, proc.stderr
+
+
+@needs_curl
+@pytest.mark.parametrize('value', ['0.0', None])
+def test_smoke_test_fails_when_the_metrics_counted_no_add(plumbed, ready_server, value):
+    ready_server.metrics = METRICS % value if value else '# nothing\n'
+    proc = plumbed.run('stack', 'test-config', check=False)
+    assert proc.returncode != 0
+    assert 'counts no successful ADD' in proc.stderr
+
+
+def test_smoke_test_fails_when_another_config_comes_first(plumbed):
+    (plumbed.cni_conf_dir / '00-aaa.conflist').write_text('{}')
+    proc = plumbed.run('stack', 'test-config', check=False)
+    assert proc.returncode != 0
+    assert '00-aaa.conflist sorts before 00-kuryr.conflist' in proc.stderr
+    assert plumbed.calls('kubectl') == []
+
+
+@pytest.mark.parametrize('env', [
+    {'KURYR_CNI_SMOKE_TEST': ''},                          # off by default
+    {'KURYR_CNI_SMOKE_TEST': 'False'},
+    # Subnodes: the pod is started once, from the node that has kubectl's admin access.
+    {'ENABLED_SERVICES': 'container,k8s-node,kuryr-cni-daemon'},
+])
+def test_smoke_test_runs_only_when_asked_on_the_master(plumbed, env):
+    plumbed.run('stack', 'test-config', env=env)
+    assert plumbed.calls() == []
+
+
 # --- unstack and clean -------------------------------------------------------
 
 def test_unstack_stops_the_daemon(host):
@@ -578,18 +921,17 @@ def test_clean_removes_what_stack_made_and_nothing_else(host):
     (host.state_dir / 'bindings').mkdir()
     (host.state_dir / 'bindings' / 'default_pod.json').write_text('{}')
     made = host.files() - before
-    assert {Path('opt/cni/bin/kuryr-cni'), Path('etc/cni/net.d/10-kuryr.conflist'),
-            Path('etc/kuryr-cni/kuryr-cni.conf')} <= made
+    assert {Path('opt/cni/bin/kuryr-cni'), Path('etc/cni/net.d/00-kuryr.conflist'),
+            Path('etc/kuryr-cni/kuryr-cni.conf'),
+            Path('opt/stack/data/venv-kuryr-cni/bin/kuryr-cni-daemon')} <= made
 
     host.run('unstack')
     host.run('clean')
 
-    # Only the console script of the (stubbed) pip install and the shim built
-    # in the checkout stay.
-    assert host.files() - before == {Path('opt/stack/data/venv/bin/kuryr-cni-daemon'),
-                                     Path('opt/stack/kuryr-cni/shim/kuryr-cni')}
+    # Only the shim built in the checkout stays.
+    assert host.files() - before == {Path('opt/stack/kuryr-cni/shim/kuryr-cni')}
     assert before <= host.files()
-    for gone in (host.conf_dir, host.state_dir, host.run_dir):
+    for gone in (host.conf_dir, host.state_dir, host.run_dir, host.venv):
         assert not gone.exists(), gone
     assert host.cni_bin_dir.is_dir() and host.cni_conf_dir.is_dir()
 
@@ -618,7 +960,8 @@ def test_clean_is_a_noop_on_a_clean_host(host):
 
 
 @pytest.mark.parametrize('args', [('stack', 'install'), ('stack', 'post-config'),
-                                  ('stack', 'extra'), ('unstack',), ('clean',)])
+                                  ('stack', 'extra'), ('stack', 'test-config'), ('unstack',),
+                                  ('clean',)])
 def test_every_phase_is_a_noop_when_the_service_is_disabled(host, ready_server, args):
     before = host.files()
     host.run(*args, env={'ENABLED_SERVICES': 'etcd3,k8s-master'})
@@ -639,7 +982,44 @@ def test_shellcheck(script):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def _localrc(text):
+    """KEY=VALUE settings of a local.conf's [[local|localrc]] section."""
+    section = text.split('[[local|localrc]]', 1)[1].split('\n[[', 1)[0]
+    return dict(re.findall(r'^([A-Z][A-Z0-9_]*)=(\S*)$', section, re.M))
+
+
+def _zuul_localrc():
+    with open(REPO / '.zuul.yaml') as f:
+        [job] = [item['job'] for item in yaml.safe_load(f)
+                 if 'job' in item and item['job']['name'] == 'kuryr-cni-devstack']
+    return {key: str(value) for key, value in job['vars']['devstack_localrc'].items()}
+
+
 def test_local_conf_sample_enables_the_plugin_and_the_service():
     sample = (REPO / 'devstack' / 'local.conf.sample').read_text().splitlines()
     assert any(line.startswith('enable_plugin kuryr-cni ') for line in sample)
-    assert 'enable_service kuryr-cni-daemon' in sample
+    assert any(line.startswith('enable_plugin devstack-plugin-container ') for line in sample)
+    for service in ('kuryr-cni-daemon', 'container', 'k8s-master'):
+        assert 'enable_service %s' % service in sample
+
+
+@pytest.mark.parametrize('where', ['local.conf.sample', '.zuul.yaml'])
+def test_the_sample_and_the_job_set_what_kubeadm_needs(host, where):
+    settings = (_localrc((REPO / 'devstack' / 'local.conf.sample').read_text())
+                if where == 'local.conf.sample' else _zuul_localrc())
+    assert settings['K8S_NETWORK_ADDON'] == 'none'
+    base = {k: v for k, v in host.env.items() if k not in ('CONTAINER_ENGINE', 'K8S_TOKEN')}
+    proc = host.run_code('check_kuryr_cni_kubernetes_settings', base=base,
+                         env=dict(settings, ENABLED_SERVICES='container,k8s-master'))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_check_refuses_what_the_sample_and_the_job_once_lacked(host):
+    base = {k: v for k, v in host.env.items() if k not in ('CONTAINER_ENGINE', 'K8S_TOKEN')}
+    proc = host.run_code('check_kuryr_cni_kubernetes_settings', base=base,
+                         env={'ENABLED_SERVICES': 'container,k8s-master'})
+    assert proc.returncode != 0 and 'CONTAINER_ENGINE' in proc.stderr
+
+
+def test_the_job_runs_the_smoke_test():
+    assert _zuul_localrc()['KURYR_CNI_SMOKE_TEST'] in ('True', 'true')

@@ -19,47 +19,68 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kuryr_cni import version
+
 REPO = Path(__file__).resolve().parents[2]
 ALERTS = REPO / 'etc' / 'prometheus' / 'kuryr-cni-alerts.yaml'
 DASHBOARD = REPO / 'etc' / 'grafana' / 'kuryr-cni-dashboard.json'
 
-# What the daemon's /metrics serves at start: kuryr_cni.metrics after setup()
-# read back through the ops process's collectors (multiprocess files plus the
-# registry collector), in a subprocess because prometheus_client picks
-# multiprocess mode once, at import time.
+# What the daemon's /metrics serves: kuryr_cni.metrics after setup() read back
+# through the ops process's collectors (multiprocess files plus the scrape
+# collector), in a subprocess because prometheus_client picks multiprocess
+# mode once, at import time. Two DELs wait in the queue (and one entry is
+# being written), and the watcher last heard from the API server 100 s ago.
 _EXPORTED = r"""
-import json, sys, tempfile
+import json, os, sys, tempfile, time
 from kuryr_cni import metrics, registry
-from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import collector
 
 with tempfile.TemporaryDirectory() as tmp:
     metrics.setup(tmp + '/metrics')
+    queue = os.path.join(tmp, 'state', 'del-queue')
+    os.makedirs(queue)
+    for name in ('1-10.json', '2-11.json', '.3-12.tmp'):
+        open(os.path.join(queue, name), 'w').close()
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess, parser
     served = CollectorRegistry()
     multiprocess.MultiProcessCollector(served)
     manager, reg = registry.Registry.start()
     try:
-        served.register(ops._RegistryCollector(reg))
+        reg.status.note_watch_activity(time.monotonic() - 100)
+        served.register(collector.ScrapeCollector(reg, tmp + '/state'))
         text = generate_latest(served).decode()
     finally:
         manager.shutdown()
-out = {}
+families = {}
+samples = {}
 for family in parser.text_string_to_metric_families(text):
     name = family.name + ('_total' if family.type == 'counter' else '')
     labels = set()
     for sample in family.samples:
         labels |= set(sample.labels) - {'le'}
-    out[name] = [family.type, sorted(labels)]
-json.dump(out, sys.stdout)
+        samples[sample.name + json.dumps(sample.labels, sort_keys=True)] = sample.value
+    families[name] = [family.type, sorted(labels)]
+json.dump({'families': families, 'samples': samples, 'text': text}, sys.stdout)
 """
+
+
+def _exported():
+    proc = subprocess.run([sys.executable, '-c', _EXPORTED], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+EXPORTED = _exported()
 
 
 def _exported_metrics():
     """Name as exported -> (type, labels)."""
-    proc = subprocess.run([sys.executable, '-c', _EXPORTED], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
-    assert proc.returncode == 0, proc.stderr
-    return {name: (kind, set(labels)) for name, (kind, labels) in json.loads(proc.stdout).items()}
+    return {name: (kind, set(labels)) for name, (kind, labels) in EXPORTED['families'].items()}
+
+
+def _sample(name, **labels):
+    return EXPORTED['samples'][name + json.dumps(labels, sort_keys=True)]
 
 
 METRICS = _exported_metrics()
@@ -111,7 +132,8 @@ def _check_promql(expr):
         for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"', body):
             if label not in SERIES[name] | TARGET_LABELS:
                 problems.append('%s has no label %s' % (name, label))
-            elif op == '=' and label in LABEL_VALUES and value not in LABEL_VALUES[label]:
+            elif (op == '=' and label in LABEL_VALUES and value not in LABEL_VALUES[label]
+                  and not value.startswith('$')):      # a dashboard variable
                 problems.append('%s{%s="%s"}: no such value' % (name, label, value))
     for clause in re.findall(r'\b(?:by|without)\s*\(([^)]*)\)', expr):
         for label in re.findall(r'\w+', clause):
@@ -140,11 +162,23 @@ CONTRACT = {
     'kuryr_cni_requests_in_flight': ('gauge', set()),
     'kuryr_cni_worker_restarts_total': ('counter', {'service'}),
     'kuryr_cni_ready': ('gauge', set()),
+    'kuryr_cni_build_info': ('gauge', {'version'}),
+    'kuryr_cni_queued_dels': ('gauge', set()),
+    'kuryr_cni_watch_activity_age_seconds': ('gauge', set()),
 }
 
 
 def test_the_daemon_exports_the_contracted_metrics():
     assert {name: METRICS.get(name) for name in CONTRACT} == CONTRACT
+
+
+def test_the_scraped_gauges_read_what_they_say():
+    assert _sample('kuryr_cni_build_info', version=version.VERSION) == 1
+    # Complete entries only: a temporary file is a write in progress.
+    assert _sample('kuryr_cni_queued_dels') == 2
+    assert 100 <= _sample('kuryr_cni_watch_activity_age_seconds') < 3600
+    assert _sample('kuryr_cni_attachments') == 0
+    assert _sample('kuryr_cni_ready') == 0      # no worker, no watcher: not ready
 
 
 def test_metric_names_follow_prometheus_conventions():
@@ -238,8 +272,14 @@ def test_the_alerts_operators_rely_on_exist():
 
     down, = [rule for _, rule in RULES if re.match(r'^up\{', rule['expr'])]
     assert down['labels']['severity'] == 'critical'
+    # A target that vanishes must not silence the alert meant for it.
+    assert 'absent(up{job="kuryr-cni"})' in down['expr']
 
     _rule_using('kuryr_cni_watch_restarts_total')
+    stalled, = _rule_using('kuryr_cni_watch_activity_age_seconds')
+    assert re.search(r'>\s*600\s*$', stalled['expr'])
+    queued, = _rule_using('kuryr_cni_queued_dels')
+    assert re.search(r'>\s*0\s*$', queued['expr'])
 
 
 def test_annotations_only_use_labels_the_alert_keeps():
@@ -315,8 +355,25 @@ def test_dashboard_shows_what_operators_need():
                    'histogram_quantile(0.99', 'sum by (reason) (rate(kuryr_cni_stale_del',
                    'kuryr_cni_attachments', 'kuryr_cni_vif_wait_seconds_bucket',
                    'kuryr_cni_requests_in_flight', 'kuryr_cni_watch_restarts_total',
-                   'sum by (type) (rate(kuryr_cni_watch_events_total', 'kuryr_cni_ready'):
+                   'sum by (type) (rate(kuryr_cni_watch_events_total', 'kuryr_cni_ready',
+                   'count by (version) (kuryr_cni_build_info', 'kuryr_cni_queued_dels',
+                   'kuryr_cni_watch_activity_age_seconds'):
         assert needle in queries, needle
+
+
+def test_dashboard_job_is_a_variable_every_query_uses():
+    dashboard = _dashboard()
+    variables = {v['name']: v for v in dashboard['templating']['list']}
+    job = variables['job']
+    assert job['type'] == 'query' and job['current']['value'] == 'kuryr-cni'
+    assert not job['multi'] and not job['includeAll']
+    for where, expr in _queries(dashboard):
+        if where == 'variable job':
+            assert 'job=' not in expr
+            continue
+        for name, body in re.findall(r'\b(kuryr_cni_[a-z0-9_]+)\s*\{([^}]*)\}', expr):
+            assert 'job="$job"' in body, '%s: %s' % (where, expr)
+        assert 'kuryr-cni"' not in expr, where
 
 
 @pytest.mark.parametrize('where, expr', list(_queries(_dashboard())))
@@ -328,7 +385,9 @@ def test_dashboard_query_uses_only_exported_metrics(where, expr):
 
 @pytest.fixture(scope='module')
 def promtool():
-    path = os.environ.get('PROMTOOL') or shutil.which('promtool')
+    # $PROMTOOL (tox: the one tools/bootstrap unpacks) if it is there, else PATH's.
+    path = next((p for p in (os.environ.get('PROMTOOL'), shutil.which('promtool'))
+                 if p and os.path.isfile(p)), None)
     if not path:
         pytest.skip('promtool is not installed (Debian package prometheus, or set $PROMTOOL)')
     return path
@@ -338,6 +397,22 @@ def _promtool(promtool, *args, cwd):
     proc = subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True,
                           timeout=120)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_promtool_checks_the_exported_metrics(promtool, tmp_path):
+    proc = subprocess.run([promtool, 'check', 'metrics'], input=EXPORTED['text'],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in ('kuryr_cni_build_info', 'kuryr_cni_queued_dels',
+                 'kuryr_cni_watch_activity_age_seconds'):
+        assert '# HELP %s ' % name in EXPORTED['text'], name
+
+
+def test_promtool_check_metrics_catches_a_mistake(promtool, tmp_path):
+    text = EXPORTED['text'].replace('kuryr_cni_requests_total', 'kuryr_cni_requests')
+    proc = subprocess.run([promtool, 'check', 'metrics'], input=text, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode != 0
 
 
 def test_promtool_checks_the_rules(promtool, tmp_path):
@@ -354,7 +429,7 @@ def test_promtool_rejects_a_broken_rule(promtool, tmp_path):
 
 def _grafana_to_promql(expr):
     return (expr.replace('$__rate_interval', '5m').replace('$__interval', '1m')
-            .replace('$instance', '.*'))
+            .replace('$instance', '.*').replace('$job', 'kuryr-cni'))
 
 
 def test_promtool_parses_every_dashboard_query(promtool, tmp_path):
@@ -369,21 +444,25 @@ def test_promtool_parses_every_dashboard_query(promtool, tmp_path):
     assert rc == 0, out
 
 
-def _annotations(alertname, labels):
-    """The alert's annotations as Prometheus renders them for ``labels``."""
+def _annotations(alertname, labels, value=None):
+    """The alert's annotations as Prometheus renders them for ``labels`` (and ``value``)."""
     rule, = [r for _, r in RULES if r['alert'] == alertname]
     rendered = {}
     for key, template in rule['annotations'].items():
-        text = re.sub(r'\{\{\s*\$labels\.(\w+)\s*\}\}', lambda m: labels[m.group(1)], template)
+        text = re.sub(r'\{\{\s*if \$labels\.(\w+)\s*\}\}(.*?)\{\{\s*else\s*\}\}(.*?)'
+                      r'\{\{\s*end\s*\}\}',
+                      lambda m: m.group(2) if labels.get(m.group(1)) else m.group(3), template)
+        text = re.sub(r'\{\{\s*\$labels\.(\w+)\s*\}\}', lambda m: labels[m.group(1)], text)
+        text = re.sub(r'\{\{\s*\$value\s*\}\}', lambda m: str(value), text)
         assert '{{' not in text, 'teach _annotations this template: %s' % template
         rendered[key] = text
     return rendered
 
 
-def _alert(alertname, **labels):
+def _alert(alertname, value=None, **labels):
     rule, = [r for _, r in RULES if r['alert'] == alertname]
     return {'exp_labels': dict(rule['labels'], **labels),
-            'exp_annotations': _annotations(alertname, labels)}
+            'exp_annotations': _annotations(alertname, labels, value)}
 
 
 N1 = 'node-1:9655'
@@ -445,6 +524,21 @@ def _alert_tests():
             {'eval_time': '6m', 'alertname': 'KuryrCNIDaemonDown', 'exp_alerts': [
                 _alert('KuryrCNIDaemonDown', instance=N1, job='kuryr-cni')]},
         ]},
+        {'interval': '1m', 'name': 'target gone from discovery', 'input_series': [
+            # node-1's pod is deleted after 2 minutes: its series just stop.
+            _series('up', '1 1 1 _x30'),
+            _series('up', '1x33', instance=N2),
+        ], 'alert_rule_test': [
+            {'eval_time': '6m', 'alertname': 'KuryrCNIDaemonDown', 'exp_alerts': []},
+            {'eval_time': '13m', 'alertname': 'KuryrCNIDaemonDown', 'exp_alerts': [
+                _alert('KuryrCNIDaemonDown', instance=N1, job='kuryr-cni')]},
+        ]},
+        {'interval': '1m', 'name': 'no target at all', 'input_series': [
+            _series('up', '1 _x80'),
+        ], 'alert_rule_test': [
+            {'eval_time': '70m', 'alertname': 'KuryrCNIDaemonDown', 'exp_alerts': [
+                _alert('KuryrCNIDaemonDown', job='kuryr-cni')]},
+        ]},
         {'interval': '1m', 'name': 'watch restarts', 'input_series': [
             # Broken: two restarts a minute. Healthy: one per watch_timeout (5m).
             _series('kuryr_cni_watch_restarts_total', '0+2x40', reason='error'),
@@ -465,6 +559,24 @@ def _alert_tests():
             {'eval_time': '10m', 'alertname': 'KuryrCNIWorkerRestarts', 'exp_alerts': [
                 _alert('KuryrCNIWorkerRestarts', instance=N1)]},
             {'eval_time': '30m', 'alertname': 'KuryrCNIWorkerRestarts', 'exp_alerts': []},
+        ]},
+        {'interval': '1m', 'name': 'watch stalled', 'input_series': [
+            # node-1 hears nothing from the start; node-2 gets a bookmark a minute.
+            _series('kuryr_cni_watch_activity_age_seconds', '0+60x30'),
+            _series('kuryr_cni_watch_activity_age_seconds', '0 30 0 30 0 30 0 30 0 30 0 30 0 '
+                    '30 0 30 0 30 0 30', instance=N2),
+        ], 'alert_rule_test': [
+            {'eval_time': '12m', 'alertname': 'KuryrCNIWatchStalled', 'exp_alerts': []},
+            {'eval_time': '17m', 'alertname': 'KuryrCNIWatchStalled', 'exp_alerts': [
+                _alert('KuryrCNIWatchStalled', instance=N1)]},
+        ]},
+        {'interval': '1m', 'name': 'queued DELs', 'input_series': [
+            _series('kuryr_cni_queued_dels', '0 0 2x30'),
+            _series('kuryr_cni_queued_dels', '0x32', instance=N2),
+        ], 'alert_rule_test': [
+            {'eval_time': '10m', 'alertname': 'KuryrCNIQueuedDels', 'exp_alerts': []},
+            {'eval_time': '20m', 'alertname': 'KuryrCNIQueuedDels', 'exp_alerts': [
+                _alert('KuryrCNIQueuedDels', value=2, instance=N1)]},
         ]},
     ]
 
