@@ -24,8 +24,8 @@ is the same for every source:
   watch is answered, so ``/ready`` tells when the records may be stale;
 - :meth:`ListWatch.stop` cuts an open watch stream, so it returns promptly.
 
-Bookmarks are honoured but never relied on: kube-apiserver 1.20 sends one
-only two seconds before a watch's timeout.
+Bookmarks are honoured but never relied on: kube-apiserver 1.20 sends them
+only in the last two seconds before a watch's timeout.
 
 Boundaries: requests go through the official client, but the JSON is read
 here (deserialising every object into model classes is slow) and checked at
@@ -135,29 +135,11 @@ class ListWatch:
                     self._relist()
                 self._watch()
             except _Expired as exc:
-                if self._rv is None:
-                    LOG.info('The API server cannot list %s at resource version %s (%s); '
-                             'listing the latest', self.source.what, self._list_rv, exc)
-                    self._list_rv = ''
-                else:
-                    LOG.info('Resource version %s of %s expired (%s); relisting', self._rv,
-                             self.source.what, exc)
-                    self._list_rv, self._rv = self._rv, None
-                self._expired_in_a_row += 1
-                # Once at once: the server answered, the history is simply gone.
-                self._note_failure('expired', backoff=self._expired_in_a_row > 1)
+                self._recover_from_expiry(exc)
             except _Unavailable as exc:
                 if stop_event.is_set():
                     break
-                if exc.answered and self._unreachable:
-                    # Back after an outage, though refusing for now (kube-apiserver 1.20
-                    # answers 403 until its RBAC authorizer has read the roles): the
-                    # backoff built up while it was unreachable no longer applies.
-                    self._failures = 0
-                self._unreachable = not exc.answered
-                LOG.warning('Kubernetes API unavailable for the watch of %s (%s); retrying',
-                            self.source.what, exc)
-                self._note_failure('error', backoff=True)
+                self._recover_from_failure(exc)
         LOG.info('Stopped watching %s', self.source.what)
 
     def stop(self):
@@ -257,6 +239,30 @@ class ListWatch:
         return record
 
     # Failure handling ----------------------------------------------------------------
+
+    def _recover_from_expiry(self, exc):
+        if self._rv is None:
+            LOG.info('The API server cannot list %s at resource version %s (%s); '
+                     'listing the latest', self.source.what, self._list_rv, exc)
+            self._list_rv = ''
+        else:
+            LOG.info('Resource version %s of %s expired (%s); relisting', self._rv,
+                     self.source.what, exc)
+            self._list_rv, self._rv = self._rv, None
+        self._expired_in_a_row += 1
+        # Once at once: the server answered, the history is simply gone.
+        self._note_failure('expired', backoff=self._expired_in_a_row > 1)
+
+    def _recover_from_failure(self, exc):
+        if exc.answered and self._unreachable:
+            # Back after an outage, though refusing for now (kube-apiserver 1.20
+            # answers 403 until its RBAC authorizer has read the roles): the
+            # backoff built up while it was unreachable no longer applies.
+            self._failures = 0
+        self._unreachable = not exc.answered
+        LOG.warning('Kubernetes API unavailable for the watch of %s (%s); retrying',
+                    self.source.what, exc)
+        self._note_failure('error', backoff=True)
 
     def _call(self, **kwargs):
         """Issue the source's request; return the raw response."""

@@ -87,12 +87,10 @@ class PodPresence:
     def __init__(self, api_client, node_name):
         self.node_name = node_name
         self.what = 'pods of node %s' % node_name
-        self.request = functools.partial(client.CoreV1Api(api_client).list_pod_for_all_namespaces,
-                                         field_selector='spec.nodeName=%s' % node_name)
+        self.request = vifsource.list_node_pods(api_client, node_name)
 
     def record(self, pod):
-        spec = pod.get('spec')
-        if not isinstance(spec, dict) or spec.get('nodeName') != self.node_name:
+        if not vifsource.on_node(pod, self.node_name):
             return None
         meta = pod['metadata']
         return {'uid': meta['uid'], 'deleting': bool(meta.get('deletionTimestamp'))}
