@@ -283,7 +283,9 @@ def test_410_after_compaction_relists_from_the_watch_cache(run):
         srv.create_pod('default', 'elsewhere', 'node-2')
         srv.restart()           # a restarted kube-apiserver has no history: 410 on resume
         h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
-        h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'on_restart')
+        # ('error' first, unless the restart caught the watch before its answer, and
+        # urllib3's one retry sent it again.)
+        h.sink.wait_for(lambda s: h.restarts[-1:] == ['expired'], 'on_restart')
         first, relist = h.lists()
         # Not older than what it had seen: never back in time, and served from the cache.
         assert relist.query['resourceVersion'] == watched
@@ -563,7 +565,7 @@ def test_no_failure_path_logs_the_token(tmp_path, harnesses):
         h.wait_for_watch(lambda r: True, 'the watch')
         srv.create_pod('default', 'elsewhere', 'node-2')
         srv.restart()                                           # a broken stream, then 410
-        h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'the relist')
+        h.sink.wait_for(lambda s: h.restarts[-1:] == ['expired'], 'the relist')
     text = '\n'.join(logs.texts)
     assert 'retrying' in text and 'relisting' in text
     for part in (secret, secret[:4], secret[4:], secret[::-1]):
