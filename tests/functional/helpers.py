@@ -12,6 +12,7 @@ from prometheus_client import parser
 
 from kuryr_cni import state
 from kuryr_cni.binding import owner_tag
+from tools.testbed import host as testhost
 
 from tests import wait
 
@@ -120,3 +121,14 @@ def wait_gone(pidfds, timeout):
     for fd in by_fd:
         os.close(fd)
     return sorted(by_fd.values())
+
+
+def assert_connected(node, sandbox, index):
+    """``sandbox`` has exactly its eth0, with its address, bridged, pinging the gateway."""
+    links = node.links(sandbox.netns)
+    assert set(links) == {'lo', 'eth0'}, links.keys()
+    assert node.addresses(sandbox.netns, 'eth0') == {'10.10.0.%d/24' % index}
+    host_end = node.links()[owner_tag.host_ifname(sandbox.container_id, 'eth0')]
+    assert host_end.get('ifalias') == owner_tag.alias(sandbox.container_id, 'eth0')
+    assert host_end.get('master') == node.links()[testhost.BRIDGE]['index']
+    assert node.ping(sandbox.netns, testhost.GATEWAY)

@@ -32,17 +32,6 @@ pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASO
 NO_STALE = {'container_id_mismatch': 0, 'pod_uid_mismatch': 0}
 
 
-def assert_connected(node, sandbox, index):
-    """``sandbox`` has exactly its eth0, with its address, bridged, pinging the gateway."""
-    links = node.links(sandbox.netns)
-    assert set(links) == {'lo', 'eth0'}, links.keys()
-    assert node.addresses(sandbox.netns, 'eth0') == {'10.10.0.%d/24' % index}
-    host_end = node.links()[owner_tag.host_ifname(sandbox.container_id, 'eth0')]
-    assert host_end.get('ifalias') == owner_tag.alias(sandbox.container_id, 'eth0')
-    assert host_end.get('master') == node.links()[testhost.BRIDGE]['index']
-    assert node.ping(sandbox.netns, testhost.GATEWAY)
-
-
 def tagged_host_devices(node):
     return sorted(name for name, link in node.links().items()
                   if owner_tag.parse_alias(link.get('ifalias') or ''))
@@ -68,7 +57,7 @@ def test_restart_between_add_b_and_late_del_a_still_rejects_del_a(daemon, runtim
     assert runtime.delete(a).ok                 # the late DEL, to the restarted daemon
     assert runtime.delete(a, netns='').ok       # and the runtime's second one, without netns
     assert helpers.stale_dels(node) == {'container_id_mismatch': 2, 'pod_uid_mismatch': 0}
-    assert_connected(node, b, 5)
+    helpers.assert_connected(node, b, 5)
     assert tagged_host_devices(node) == [owner_tag.host_ifname('sandbox-b', 'eth0')]
 
 
@@ -134,7 +123,7 @@ def test_worker_killed_while_its_add_waits_is_replaced_and_the_retry_succeeds(da
     assert crash.can_lock(crash.lock_path(node, 'default/pod-9'))
     crash.activate(node, a, 9)
     assert runtime.add(a).ok                    # the runtime's retry
-    assert_connected(node, a, 9)
+    helpers.assert_connected(node, a, 9)
     assert helpers.metric(node, 'kuryr_cni_worker_restarts_total', service='cni-worker') == 1
     assert runtime.delete(a).ok
     assert helpers.leftovers(node) == helpers.NOTHING
@@ -179,7 +168,7 @@ def test_worker_killed_holding_the_pod_lock_wedges_nothing(daemon, runtime, comm
     crash.wait_workers(node, gone=holders)
     if command == 'ADD':
         assert runtime.add(a).ok
-        assert_connected(node, a, 10)
+        helpers.assert_connected(node, a, 10)
     else:
         wait.until(lambda: crash.queue_entries(node) == [], 15,
                    'the queued DEL to be replayed')
@@ -205,14 +194,14 @@ def test_worker_killed_while_plugging_leaves_nothing_the_retry_cannot_fix(daemon
         states = _first_attachment_states(node, key, timeout=20)
         with netns.iproute(node.path) as host:
             wait.until(lambda: host.link_lookup(ifname=host_end), 20, 'the veth pair',
-                       poll=0)
+                       interval=0)
             crash.kill(victim)
         outcome = add.result(timeout=30)
     half_made = host_end in node.links()
     assert outcome.ok or outcome.error_code == 11, outcome
     crash.wait_workers(node, gone=[victim])
     assert runtime.add(a).ok                    # the retry converges on one interface
-    assert_connected(node, a, 11)
+    helpers.assert_connected(node, a, 11)
     assert tagged_host_devices(node) == [host_end]
     assert runtime.delete(a).ok
     assert helpers.leftovers(node) == helpers.NOTHING
@@ -272,7 +261,7 @@ def test_registry_manager_death_is_reported_and_the_restart_reloads_state(daemon
     assert runtime.add(b).ok
     assert runtime.delete(a).ok
     assert helpers.stale_dels(node)['container_id_mismatch'] == 1
-    assert_connected(node, b, 12)
+    helpers.assert_connected(node, b, 12)
 
 
 def test_watcher_death_is_reported_and_its_successor_relists(daemon, runtime):
@@ -290,7 +279,7 @@ def test_watcher_death_is_reported_and_its_successor_relists(daemon, runtime):
     node.api.start()
     wait.until(lambda: crash.health(node, 'ready')[0] == 200, 40, '/ready to pass again')
     assert runtime.add(pod).ok
-    assert_connected(node, pod, 13)
+    helpers.assert_connected(node, pod, 13)
     assert helpers.metric(node, 'kuryr_cni_worker_restarts_total', service='watcher') == 1
 
 
@@ -306,7 +295,7 @@ def test_api_outage_known_pods_keep_working_new_ones_wait_then_resync(daemon, ru
     crash.wait_seen(node, 1)
     node.api.stop()
     assert runtime.add(known).ok
-    assert_connected(node, known, 14)
+    helpers.assert_connected(node, known, 14)
     new = crash.make_pod(node, 15)              # the API has it; the daemon cannot learn it
     started = time.monotonic()
     outcome = runtime.add(new)
@@ -317,7 +306,7 @@ def test_api_outage_known_pods_keep_working_new_ones_wait_then_resync(daemon, ru
     node.api.start()
     crash.wait_seen(node, 2, timeout=40)        # the watcher resynced
     assert runtime.add(new).ok
-    assert_connected(node, new, 15)
+    helpers.assert_connected(node, new, 15)
 
 
 # Bounds -------------------------------------------------------------------------------

@@ -26,15 +26,6 @@ from tests.functional import helpers
 pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASON)
 
 
-def assert_connected(node, sandbox, index):
-    """``sandbox`` has its eth0 with its address, its host end tagged, and pings the gateway."""
-    assert set(node.links(sandbox.netns)) == {'lo', 'eth0'}
-    assert node.addresses(sandbox.netns, 'eth0') == {'10.10.0.%d/24' % index}
-    host_end = node.links()[owner_tag.host_ifname(sandbox.container_id, 'eth0')]
-    assert host_end.get('ifalias') == owner_tag.alias(sandbox.container_id, 'eth0')
-    assert node.ping(sandbox.netns, testhost.GATEWAY)
-
-
 def binding_files(node):
     directory = os.path.join(node.state_dir, 'bindings')
     return sorted(n for n in os.listdir(directory) if n.endswith('.json'))
@@ -80,7 +71,7 @@ def test_item3_bindings_of_the_wrong_shape_never_stop_the_daemon(daemon, runtime
     assert len(set_aside(node)) == len(WRONG_SHAPES) + 1
     assert helpers.metric(node, 'kuryr_cni_state_files_set_aside_total',
                           kind='binding') == len(WRONG_SHAPES) + 1
-    assert_connected(node, live, 5)
+    helpers.assert_connected(node, live, 5)
     assert runtime.delete(live).ok
     assert helpers.leftovers(node)['devices'] == []
 
@@ -119,7 +110,7 @@ def test_item4_a_truncated_binding_leaves_its_live_pod_connected(daemon, runtime
     node.start_daemon()
 
     assert len(set_aside(node)) == 1
-    assert_connected(node, a, 7)              # start-up left the unrecorded devices alone
+    helpers.assert_connected(node, a, 7)              # start-up left the unrecorded devices alone
     assert 'leaving it alone' in node.log_tail(200)
     assert runtime.delete(a).ok               # its DEL still removes them, by their tag
     assert set(node.links(a.netns)) == {'lo'}
@@ -143,7 +134,7 @@ def test_item4_a_file_naming_another_pod_cannot_take_its_record(daemon, runtime)
     node.start_daemon()
 
     assert crash.registry_pods(node)['default/victim']['owner'] == victim.container_id
-    assert_connected(node, victim, 8)
+    helpers.assert_connected(node, victim, 8)
     assert len(set_aside(node)) == 1
     assert runtime.delete(victim).ok
     assert helpers.leftovers(node) == helpers.NOTHING
@@ -164,7 +155,7 @@ def test_start_leaves_alone_tagged_devices_that_no_binding_records(daemon, runti
     node.start_daemon()
     assert ghost in node.links()
     assert set(node.links(ghost_netns)) == {'lo', 'eth0'}
-    assert_connected(node, live, 9)
+    helpers.assert_connected(node, live, 9)
     # The runtime's DEL of that sandbox, even without pod identity, removes it by its tag.
     orphan = testruntime.Sandbox('ghost', ghost_netns, '')
     assert runtime.execute('DEL', orphan).ok
@@ -185,7 +176,7 @@ def test_item5_the_longest_legal_names_add_check_and_del(daemon, runtime):
                                   pod_namespace=namespace, pod_uid='uid-long')
     outcome = runtime.add(sandbox)
     assert outcome.ok, outcome
-    assert_connected(node, sandbox, 10)
+    helpers.assert_connected(node, sandbox, 10)
     assert runtime.check(sandbox).ok
     assert runtime.delete(sandbox).ok
     assert runtime.delete(sandbox).ok         # and again, as runtimes do
@@ -207,8 +198,8 @@ def test_item6_an_add_retried_with_another_netns_is_refused_and_touches_nothing(
 
     assert outcome.code != 0 and outcome.output['code'] == 4, outcome
     assert 'cannot change' in outcome.output['details']
-    assert_connected(node, p3, 13)
-    assert_connected(node, p2, 12)
+    helpers.assert_connected(node, p3, 13)
+    helpers.assert_connected(node, p2, 12)
     assert crash.registry_pods(node) == before
 
 
@@ -256,7 +247,7 @@ def test_item8_a_full_or_read_only_state_dir_is_code_11_naming_it(node, runtime)
         assert read_only.output['code'] == 11, read_only
         assert node.state_dir in read_only.output['msg']
         assert 'error 30' in read_only.output['details']          # EROFS
-        assert_connected(node, a, 14)                            # not half unplugged
+        helpers.assert_connected(node, a, 14)                            # not half unplugged
 
         subprocess.run(['mount', '-o', 'remount,rw', node.state_dir], check=True,
                        capture_output=True, timeout=30)
@@ -280,4 +271,4 @@ def test_item8_temporary_files_are_removed_at_start_whoever_wrote_them(daemon, r
     node.start_daemon()
     assert not os.path.exists(left)
     assert [n for n in os.listdir(bindings) if n.startswith('.')] == []
-    assert_connected(node, a, 16)
+    helpers.assert_connected(node, a, 16)
