@@ -365,14 +365,16 @@ class Cluster:
                 return int(float(line.rsplit(' ', 1)[1]))
         return 0
 
-    def raw(self, method, path, who='admin', body=None, timeout=30):
+    def raw(self, method, path, who='admin', body=None, timeout=30, token=None):
         """One request over its own connection: ``(status, body bytes)``, nothing interpreted.
 
-        ``who`` names the token (``admin``, ``daemon``) or is None for none.
+        ``who`` names the token (``admin``, ``daemon``) or is None for none;
+        ``token`` sends that one instead.
         """
         headers = {'Accept': 'application/json'}
-        if who is not None:
-            headers['Authorization'] = 'Bearer ' + self.token(who)
+        token = token or (self.token(who) if who is not None else None)
+        if token is not None:
+            headers['Authorization'] = 'Bearer ' + token
         if body is not None:
             headers['Content-Type'] = 'application/json'
             body = body if isinstance(body, (bytes, str)) else json.dumps(body)
