@@ -84,6 +84,11 @@ class Node(testhost.Host):
         return super().start_daemon(
             extra=self.cluster.daemon_config(self.name, vif_source) + extra, **kwargs)
 
+    def sandbox(self, pod):
+        """A sandbox of ``pod`` (an API object) in a new pod namespace of this node."""
+        return testruntime.Sandbox('sandbox-' + pod['metadata']['name'], self.pod_netns(),
+                                   pod['metadata']['name'], pod_uid=pod['metadata']['uid'])
+
     def counters(self):
         """``(rx_bytes, tx_bytes)`` of the node's link to the control plane."""
         out = testhost.ip('-n', self.ns, '-j', '-s', 'link', 'show', 'dev', k8s.NODE_LINK).stdout

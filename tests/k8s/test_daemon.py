@@ -13,15 +13,8 @@ from tests.functional import helpers
 from tests.k8s import cluster as k8s
 from tests.unit import osvif_fixtures as fx
 from tools.testbed import host as testhost
-from tools.testbed import runtime as testruntime
 
 MAC = 'fa:16:3e:98:7b:05'
-
-
-def sandbox(node, pod, letter='A'):
-    return testruntime.Sandbox('sandbox-%s-%s' % (pod['metadata']['name'], letter),
-                               node.pod_netns(), pod['metadata']['name'],
-                               pod_uid=pod['metadata']['uid'])
 
 
 def assert_connected(node, box, index):
@@ -33,7 +26,7 @@ def test_add_check_del_through_the_real_shim(cluster, node, runtime):
     since = cluster.audit_offset()
     node.start_daemon(vif_timeout=20)
     pod = cluster.create_pod('default', 'web-1', node.name, testhost.Host.vifs(5))
-    box = sandbox(node, pod)
+    box = node.sandbox(pod)
 
     added = runtime.add(box)
     assert added.ok, added
@@ -55,7 +48,7 @@ def test_an_add_that_times_out_creates_its_event(cluster, node, runtime):
     node.start_daemon(vif_timeout=1)
     pod = cluster.create_pod('default', 'late-1', node.name)      # no VIFs published
 
-    outcome = runtime.add(sandbox(node, pod))
+    outcome = runtime.add(node.sandbox(pod))
     assert outcome.error_code == 11, outcome
     [event] = wait.until(lambda: [e for e in cluster.events()
                                   if e['involvedObject']['name'] == 'late-1'],
@@ -73,7 +66,7 @@ def test_the_kuryrport_source_with_the_shipped_crd(cluster, node, runtime):
     node.start_daemon(vif_source='kuryrport', vif_timeout=30)
     pod = cluster.create_pod('default', 'kp-1', node.name)
     uid = pod['metadata']['uid']
-    box = sandbox(node, pod)
+    box = node.sandbox(pod)
     network = fx.network([
         fx.subnet('10.10.0.0/24', ['10.10.0.5'], gateway='10.10.0.1'),
         fx.subnet('fd10::/64', ['fd10::5'], gateway='fd10::1')])

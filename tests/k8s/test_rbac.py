@@ -83,6 +83,5 @@ def _add_times_out(cluster, node, tmp_path):
     pod = cluster.create_pod('default', 'no-vifs-1', node.name)
     runtime = testruntime.Runtime(node.socket, node.state_dir, str(tmp_path / 'cni-cache'),
                                   shim=node.install_shim())
-    outcome = runtime.add(testruntime.Sandbox('sandbox-1', node.pod_netns(), 'no-vifs-1',
-                                              pod_uid=pod['metadata']['uid']))
+    outcome = runtime.add(node.sandbox(pod))
     assert outcome.error_code == 11, outcome

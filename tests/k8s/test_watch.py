@@ -15,12 +15,6 @@ from tests.functional import helpers
 from tests.k8s import cluster as k8s
 from tests.k8s import conftest
 from tools.testbed import host as testhost
-from tools.testbed import runtime as testruntime
-
-
-def sandbox(node, pod):
-    return testruntime.Sandbox('sandbox-' + pod['metadata']['name'], node.pod_netns(),
-                               pod['metadata']['name'], pod_uid=pod['metadata']['uid'])
 
 
 def ready(node):
@@ -45,7 +39,7 @@ def test_after_a_restart_the_watch_resumes_and_an_add_works(cluster, node, runti
     wait.until(lambda: not ready(node), 30, '/ready to fail while the server is down')
     cluster.start()
     pod = cluster.create_pod('default', 'after-1', node.name, testhost.Host.vifs(6))
-    outcome = runtime.add(sandbox(node, pod))
+    outcome = runtime.add(node.sandbox(pod))
     assert outcome.ok, outcome
     wait.until(lambda: ready(node), 30, '/ready to pass again')
 
