@@ -1,17 +1,27 @@
 """Builds the official kubernetes ApiClient from the [kubernetes] options.
 
-Only construction lives here: which API server, which credentials, which CA.
-Requests, retries and timeouts belong to the callers (the watcher). The bearer
-token is never logged.
+Only construction lives here: which API server, which credentials, which CA;
+and :func:`describe_error`, how its callers put a failed request into words.
+Requests, retries and timeouts belong to the callers (the list+watch, the
+Events). The bearer token is never logged, and is stripped of surrounding
+whitespace however it was read: a token file ending in a newline (as most
+editors and ``echo`` write them) would otherwise put the newline into the
+header, which urllib3 refuses with an error quoting the header's value.
 """
 
+import json
 import os
+import traceback
 
 from kubernetes import client
 from kubernetes import config
+from kubernetes.config import incluster_config
 from oslo_log import log as logging
+import urllib3
 
 LOG = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 500             # of an API error's message, in the logs
 
 
 def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=None,
@@ -23,7 +33,7 @@ def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=Non
     ``kubernetes.config.ConfigException`` or ``OSError`` when the chosen source
     is unusable.
     """
-    configuration = client.Configuration()
+    configuration = _Configuration()
     if api_root:
         configuration.host = api_root.rstrip('/')
         configuration.verify_ssl = verify_ssl
@@ -38,10 +48,31 @@ def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=Non
                                 persist_config=False)
         source = 'kubeconfig %s' % kubeconfig
     else:
-        config.load_incluster_config(client_configuration=configuration)
+        # The token is read here, not by the client's loader: it refreshes it
+        # by the clock rather than when the file changes, and keeps the newline.
+        config.load_incluster_config(client_configuration=configuration,
+                                     try_refresh_token=False)
+        _use_token_file(configuration, incluster_config.SERVICE_TOKEN_FILENAME)
         source = 'in-cluster service account'
+    # One retry inside urllib3 rescues a pooled connection the server has closed;
+    # its default of three, without delay, would multiply every node's requests
+    # while an API server restarts. The callers back off with jitter themselves.
+    configuration.retries = 1
     LOG.info('Kubernetes API at %s (from %s)', configuration.host, source)
     return client.ApiClient(configuration)
+
+
+class _Configuration(client.Configuration):
+    """The client's configuration, whose bearer token never carries whitespace.
+
+    Every token passes through here on its way into a request header, whichever
+    loader (kubeconfig ``token`` or ``tokenFile``, in-cluster, ``token_file``)
+    read it and however it refreshes it.
+    """
+
+    def get_api_key_with_prefix(self, identifier, alias=None):
+        key = super().get_api_key_with_prefix(identifier, alias=alias)
+        return key.strip() if isinstance(key, str) else key
 
 
 def _use_token_file(configuration, path):
@@ -62,3 +93,46 @@ def _use_token_file(configuration, path):
 
     refresh(configuration)     # fail now, not at the first request, when it is unreadable
     configuration.refresh_api_key_hook = refresh
+
+
+def describe_error(exc):
+    """``exc``, raised by a request of the official client, in one line fit for a log.
+
+    An API error gives its status and the server's own message (for a 403:
+    who may not do what, on what). An exception raised while the request was
+    being built or sent gives its type and where it was raised, never its
+    message: urllib3's ``ValueError`` for a header with a newline quotes the
+    header's value, and so the bearer token.
+    """
+    if isinstance(exc, client.ApiException):
+        message = error_status(exc).get('message', 'no Status in the answer')
+        return 'HTTP %s %s: %s' % (exc.status, exc.reason, clip(message))
+    if isinstance(exc, urllib3.exceptions.MaxRetryError):
+        return clip(exc.reason)
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+        return clip(exc) if str(exc) else type(exc).__name__
+    return ('the request could not be sent: %s at %s (its message, which may quote the '
+            'request\'s headers, is withheld)' % (type(exc).__name__, _where(exc)))
+
+
+def error_status(exc):
+    """The ``Status`` object an API error's body holds ({} when none)."""
+    try:
+        status = json.loads(exc.body)
+    except (TypeError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def clip(text):
+    text = str(text)
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + '...'
+
+
+def _where(exc):
+    """Where ``exc`` was raised, as ``file:line in function``: from its frames alone."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return 'an unknown place'
+    last = frames[-1]
+    return '%s:%d in %s' % (last.filename.rsplit('/', 1)[-1], last.lineno, last.name)

@@ -22,6 +22,8 @@ import time
 from kubernetes import client
 from oslo_log import log as logging
 
+from kuryr_cni import apiclient
+
 LOG = logging.getLogger(__name__)
 
 REASON_NO_VIFS = 'CNITimeoutKuryrPortRegistry'
@@ -44,6 +46,8 @@ class EventPoster:
         self.node_name = node_name
         self.request_timeout = request_timeout
         self._queue = queue.Queue(queue_size)
+        self._idle = threading.Condition()
+        self._pending = 0            # queued or being posted
         self._thread = None
         self._start_lock = threading.Lock()
 
@@ -69,19 +73,25 @@ class EventPoster:
 
     def post(self, pod, reason, message, event_type='Warning'):
         self._ensure_thread()
+        with self._idle:
+            self._pending += 1
         try:
             self._queue.put_nowait(event_body(pod, reason, message, event_type,
                                               self.node_name))
         except queue.Full:
+            self._done()
             LOG.warning('Dropped the %s Event for pod %s: %d Events already wait to be posted',
                         reason, pod.key, self._queue.maxsize)
 
     def drain(self, timeout):
         """Wait (bounded) until every queued Event was posted or given up; for tests."""
-        deadline = time.monotonic() + timeout
-        while self._queue.unfinished_tasks and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return not self._queue.unfinished_tasks
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def _done(self):
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
 
     def _ensure_thread(self):
         with self._start_lock:
@@ -100,14 +110,18 @@ class EventPoster:
                 response = api.create_namespaced_event(
                     body['metadata']['namespace'], body, _preload_content=False,
                     _request_timeout=self.request_timeout)
+                # Read the answer off the connection before it goes back to the pool:
+                # the next request on it would read this body as its status line.
+                response.drain_conn()
                 response.release_conn()
                 LOG.debug('Posted Event %s for pod %s/%s', body['reason'],
                           body['metadata']['namespace'], body['involvedObject']['name'])
             except Exception as exc:
                 LOG.warning('Could not post the %s Event for pod %s/%s: %s', body['reason'],
-                            body['metadata']['namespace'], body['involvedObject']['name'], exc)
+                            body['metadata']['namespace'], body['involvedObject']['name'],
+                            apiclient.describe_error(exc))
             finally:
-                self._queue.task_done()
+                self._done()
 
 
 def event_body(pod, reason, message, event_type, node_name):

@@ -32,7 +32,7 @@ from kuryr_cni.daemon import manager_guard
 from kuryr_cni.daemon import ops
 from kuryr_cni.daemon import recovery
 from kuryr_cni.daemon import sdnotify
-from kuryr_cni.daemon import watching
+from kuryr_cni.daemon import watcher
 from kuryr_cni.daemon import worker
 
 LOG = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard):
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
     registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
     names = {
-        sm.add(watching.WatcherService, workers=1, args=(conf, registry)): 'watcher',
+        sm.add(watcher.WatcherService, workers=1, args=(conf, registry)): 'watcher',
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,
                args=(conf, registry, cni_sock)): 'cni-worker',
         sm.add(ops.OpsService, workers=1, args=(registry, health_sock, metrics_sock,

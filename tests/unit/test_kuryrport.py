@@ -1,22 +1,23 @@
-"""The KuryrPort VIF source: its watcher against the API stand-in, and the merge with pods."""
+"""The KuryrPort VIF source: its list+watches against the API stand-in, and the merge with
+pods."""
 
 import threading
 
 import pytest
 
 from kuryr_cni import apiclient
-from kuryr_cni import kuryrport
+from kuryr_cni import listwatch
 from kuryr_cni import osvif
-from kuryr_cni import watcher
+from kuryr_cni.vifsource import kuryrport
 from tests.unit import osvif_fixtures as fx
-from tests.unit.test_watcher import Sink
+from tests.unit.test_listwatch import Sink
 
 NODE = 'node-1'
 UID = 'uid-web-0'
 
 
 class Running:
-    """The two watchers of the kuryrport source in threads, feeding one merged sink."""
+    """The two list+watches of the kuryrport source in threads, feeding one merged sink."""
 
     def __init__(self, server, tombstone_ttl=600):
         self.sink = Sink()
@@ -24,10 +25,12 @@ class Running:
         self.api = apiclient.make_api_client(api_root=server.url)
         self.stop = threading.Event()
         self.threads = [
-            threading.Thread(target=watcher.PodWatcher(
-                self.api, NODE, self.merged.pods, backoff_max=0.2).run, args=(self.stop,)),
-            threading.Thread(target=kuryrport.KuryrPortWatcher(
-                self.api, NODE, self.merged.ports, backoff_max=0.2).run, args=(self.stop,)),
+            threading.Thread(target=listwatch.ListWatch(
+                kuryrport.PodPresence(self.api, NODE), self.merged.pods, backoff_max=0.2).run,
+                args=(self.stop,)),
+            threading.Thread(target=listwatch.ListWatch(
+                kuryrport.KuryrPorts(self.api, NODE), self.merged.ports, backoff_max=0.2).run,
+                args=(self.stop,)),
         ]
         for thread in self.threads:
             thread.start()
@@ -196,3 +199,20 @@ def test_deleting_pod_marks_the_merged_record():
     merged.pods.put_pod('default/web-0', {'uid': UID, 'vifs': {}, 'error': None,
                                           'deleting': True})
     assert sink.pods['default/web-0']['deleting'] is True
+
+
+def test_each_builder_reads_only_its_nodes_objects():
+    api = apiclient.make_api_client(api_root='http://127.0.0.1:9')
+    ports, pods = kuryrport.KuryrPorts(api, NODE), kuryrport.PodPresence(api, NODE)
+    api.close()
+    port = {'metadata': {'name': 'web-0', 'namespace': 'default', 'uid': 'u',
+                         'labels': {kuryrport.NODE_LABEL: 'node-2'}},
+            'spec': {'podUid': UID, 'podStatic': False}}
+    assert ports.record(port) is None
+    pod = {'metadata': {'name': 'web-0', 'namespace': 'default', 'uid': UID,
+                        'annotations': {'kuryr.openstack.org/vifs': '{not json'},
+                        'deletionTimestamp': '2024-01-01T00:00:00Z'},
+           'spec': {'nodeName': NODE}}
+    # Presence only: the annotation is not read (no error for an unusable one).
+    assert pods.record(pod) == {'uid': UID, 'deleting': True}
+    assert pods.record(dict(pod, spec={'nodeName': 'node-2'})) is None

@@ -1,18 +1,30 @@
 """A wire-level stand-in for the Kubernetes API server, for tests and the demo.
 
 It speaks enough of the REST list/watch protocol over HTTP/1.1 that the official
-``kubernetes`` client runs unchanged against it: lists honouring equality field
-and label selectors, chunked watch streams that replay from a resourceVersion,
-``410 Gone`` (an ``ERROR`` event, as the real server sends) once the event log
-has been compacted, ``BOOKMARK`` events and ``timeoutSeconds``. It serves pods,
-Events and KuryrPort custom resources (``openstack.org/v1``).
+``kubernetes`` client runs unchanged against it: lists honouring field selectors
+(on the fields kube-apiserver supports for the resource) and label selectors,
+chunked watch streams that replay from a resourceVersion, ``410 Gone`` (an
+``ERROR`` event, as the real server sends) once the history has been compacted,
+``BOOKMARK`` events and ``timeoutSeconds``. It serves pods, Events and KuryrPort
+custom resources (``openstack.org/v1``).
+
+Its answers were checked against kube-apiserver 1.20.2 (``tests/k8s``), with
+which it agrees on status codes, Status bodies, the 410 event, bookmarks (one
+two seconds before a watch's timeout; ``bookmark_interval`` adds periodic ones,
+as later releases send every minute), and resourceVersion semantics: a list at
+``0`` or at a version the server has seen answers the current state, one newer
+than the server's is refused (504), garbage is a 500; a restarted server
+(:meth:`APIServer.restart`) has forgotten the history a watch could resume
+from, as kube-apiserver's watch cache does.
 
 Tests drive the state through the Python control methods (``create_pod``,
-``set_vifs``, ``compact``, ``stop``/``start`` ...), which are thread-safe.
+``set_vifs``, ``compact``, ``stop``/``start``, ``restart`` ...), which are
+thread-safe.
 
-Boundaries: no authentication, admission, defaulting or schema validation, no
-PUT/PATCH over HTTP, state in memory only. Bind it to loopback or to an address
-inside a throwaway network namespace, never to anything reachable.
+Boundaries: one optional bearer token and no authorization, no admission,
+defaulting or schema validation, no PUT/PATCH over HTTP, no graceful deletion
+over HTTP, state in memory only. Bind it to loopback or to an address inside a
+throwaway network namespace, never to anything reachable.
 """
 
 import bisect
@@ -24,6 +36,7 @@ import errno
 import http.server
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -44,9 +57,20 @@ MAX_CONNECTIONS = 512
 JOIN_TIMEOUT = 5.0
 NODE_LABEL = 'kuryr.openstack.org/nodeName'
 PAUSE_IMAGE = 'registry.k8s.io/pause:3.9'
+BOOKMARK_LEAD = 2.0            # seconds before a watch's timeout its bookmark is sent
 
 
 _STOPPED = object()
+
+
+# The field labels kube-apiserver 1.20 lets a field selector use, per resource.
+COMMON_FIELDS = ('metadata.name', 'metadata.namespace')
+POD_FIELDS = COMMON_FIELDS + ('spec.nodeName', 'spec.restartPolicy', 'spec.schedulerName',
+                              'spec.serviceAccountName', 'status.phase', 'status.podIP',
+                              'status.podIPs', 'status.nominatedNodeName')
+EVENT_FIELDS = COMMON_FIELDS + tuple('involvedObject.' + f for f in (
+    'kind', 'namespace', 'name', 'uid', 'apiVersion', 'resourceVersion', 'fieldPath')) + (
+    'reason', 'reportingComponent', 'source', 'type')
 
 
 class Resource(typing.NamedTuple):
@@ -54,14 +78,15 @@ class Resource(typing.NamedTuple):
     plural: str
     kind: str
     api_version: str
+    fields: tuple = COMMON_FIELDS       # what field selectors may use
 
     @property
     def list_kind(self):
         return self.kind + 'List'
 
 
-PODS = Resource('/api/v1', 'pods', 'Pod', 'v1')
-EVENTS = Resource('/api/v1', 'events', 'Event', 'v1')
+PODS = Resource('/api/v1', 'pods', 'Pod', 'v1', POD_FIELDS)
+EVENTS = Resource('/api/v1', 'events', 'Event', 'v1', EVENT_FIELDS)
 KURYRPORTS = Resource('/apis/openstack.org/v1', 'kuryrports', 'KuryrPort', 'openstack.org/v1')
 RESOURCES = {r.plural: r for r in (PODS, EVENTS, KURYRPORTS)}
 
@@ -91,12 +116,12 @@ class _Entry(typing.NamedTuple):
 class APIError(Exception):
     """An API error, answered over HTTP with a ``Status`` object; control methods raise it too."""
 
-    def __init__(self, code, reason, message):
+    def __init__(self, code, reason, message, details=None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self):
-        return status_object(self.code, self.reason, self.message)
+        return status_object(self.code, self.reason, self.message, self.details)
 
 
 class _Gone(Exception):
@@ -107,9 +132,16 @@ class _Gone(Exception):
         self.message = str(self)
 
 
-def status_object(code, reason, message):
-    return {'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
-            'message': message, 'reason': reason, 'code': code}
+def status_object(code, reason, message, details=None):
+    """A failure ``Status`` as kube-apiserver writes it (no reason for a bare 500)."""
+    status = {'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
+              'message': message}
+    if reason is not None:
+        status['reason'] = reason
+    if details is not None:
+        status['details'] = details
+    status['code'] = code
+    return status
 
 
 def route(path):
@@ -127,12 +159,13 @@ def route(path):
 
 
 class Selector:
-    """A namespace plus equality field and label selectors (``=``, ``==``, ``!=``)."""
+    """A namespace, field selectors (``=``, ``==``, ``!=`` on the fields the resource
+    supports) and label selectors (also ``in``, ``notin``, ``key`` and ``!key``)."""
 
-    def __init__(self, namespace=None, fields='', labels=''):
+    def __init__(self, resource, namespace=None, fields='', labels=''):
         self.namespace = namespace
-        self.fields = _parse_requirements(fields, 'field')
-        self.labels = _parse_requirements(labels, 'label')
+        self.fields = _field_requirements(resource, fields)
+        self.labels = [_label_requirement(term) for term in _split_terms(labels or '')]
 
     def matches(self, obj):
         meta = obj.get('metadata', {})
@@ -142,28 +175,71 @@ class Selector:
             if (_field(obj, path) == value) != equal:
                 return False
         labels = meta.get('labels') or {}
-        for key, equal, value in self.labels:
-            # As in Kubernetes, "k!=v" also matches objects without the label.
-            if (labels.get(key) == value) != equal:
-                return False
-        return True
+        return all(_label_matches(labels, *requirement) for requirement in self.labels)
 
 
-def _parse_requirements(text, what):
+def _field_requirements(resource, text):
     requirements = []
-    for term in (text or '').split(','):
-        term = term.strip()
-        if not term:
-            continue
+    for term in _split_terms(text or ''):
         for op in ('!=', '==', '='):
             key, found, value = term.partition(op)
             if found:
-                requirements.append((key.strip(), op != '!=', value.strip()))
                 break
         else:
-            raise APIError(400, 'BadRequest',
-                           'unsupported %s selector %r (only =, ==, != are served)' % (what, term))
+            raise APIError(400, 'BadRequest', 'invalid field selector %r' % term)
+        if key.strip() not in resource.fields:
+            raise APIError(400, 'BadRequest', 'field label not supported: %s' % key.strip())
+        requirements.append((key.strip(), op != '!=', value.strip()))
     return requirements
+
+
+def _split_terms(text):
+    """The comma-separated terms of a selector (commas inside ``( )`` belong to their set)."""
+    terms, depth, start = [], 0, 0
+    for i, char in enumerate(text + ','):
+        depth += {'(': 1, ')': -1}.get(char, 0)
+        if char == ',' and depth == 0:
+            if text[start:i].strip():
+                terms.append(text[start:i].strip())
+            start = i + 1
+    return terms
+
+
+_SET_TERM = re.compile(r'^(\S+)\s+(in|notin)\s*\(([^()]*)\)$')
+_LABEL_KEY = re.compile(r'^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?'
+                        r'[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$')
+
+
+def _label_requirement(term):
+    """``(key, operator, values)``: ``=``, ``!=``, ``in``, ``notin``, ``exists`` or ``!``."""
+    match = _SET_TERM.match(term)
+    if match:
+        key, op, values = match[1], match[2], {v.strip() for v in match[3].split(',')}
+    elif term.startswith('!') and not term.startswith('!='):
+        key, op, values = term[1:].strip(), '!', None
+    else:
+        for op in ('!=', '==', '='):
+            key, found, value = term.partition(op)
+            if found:
+                key, op, values = key.strip(), '!=' if op == '!=' else '=', {value.strip()}
+                break
+        else:
+            key, op, values = term, 'exists', None
+    if not _LABEL_KEY.match(key):
+        raise APIError(400, 'BadRequest', 'unable to parse requirement: invalid label key %r'
+                       % key)
+    return key, op, values
+
+
+def _label_matches(labels, key, op, values):
+    if op == 'exists':
+        return key in labels
+    if op == '!':
+        return key not in labels
+    if op in ('=', 'in'):
+        return labels.get(key) in values
+    # "!=" and "notin" match objects without the label too, as in Kubernetes.
+    return labels.get(key) not in values
 
 
 def _field(obj, path):
@@ -184,14 +260,14 @@ def _truthy(value):
     return value in ('1', 'true', 'True')
 
 
-def _parse_since(value):
-    """None for "no resourceVersion" ('' or '0'), else the int; 400 for garbage."""
+def _parse_version(value):
+    """None for "any version" ('' or '0'), else the int; garbage is a 500, as in 1.20."""
     if value in (None, '', '0'):
         return None
-    try:
-        return int(value)
-    except ValueError:
-        raise APIError(400, 'BadRequest', 'invalid resourceVersion %r' % value) from None
+    if not value.isdigit():
+        raise APIError(500, None, 'resourceVersion: Invalid value: "%s": strconv.ParseUint: '
+                                  'parsing "%s": invalid syntax' % (value, value))
+    return int(value)
 
 
 def _parse_timeout(value):
@@ -200,7 +276,8 @@ def _parse_timeout(value):
     try:
         seconds = int(value)
     except ValueError:
-        raise APIError(400, 'BadRequest', 'invalid timeoutSeconds %r' % value) from None
+        raise APIError(400, 'BadRequest', 'strconv.ParseInt: parsing "%s": invalid syntax'
+                       % value) from None
     return seconds if seconds > 0 else None
 
 
@@ -226,6 +303,15 @@ def _kuryrport_object(namespace, name, node, spec, status, labels, uid):
             'status': copy.deepcopy(status) if status is not None else {'vifs': {}}}
 
 
+def _bookmark_object(resource, rv):
+    """An empty object of ``resource`` carrying ``rv``, as kube-apiserver's bookmarks are."""
+    obj = {'kind': resource.kind, 'apiVersion': resource.api_version,
+           'metadata': {'resourceVersion': str(rv), 'creationTimestamp': None}}
+    if resource is PODS:
+        obj.update(spec={'containers': None}, status={})
+    return obj
+
+
 def _merge(target, changes):
     """Apply ``changes`` to ``target``; a None value removes the key (as a merge patch does)."""
     for key, value in changes.items():
@@ -243,19 +329,23 @@ class APIServer:
     releasing it. Control methods return deep copies.
     """
 
-    def __init__(self, host='127.0.0.1', port=0, *, sock=None, bookmark_interval=5.0,
-                 expired_as='event', log_limit=10000):
+    def __init__(self, host='127.0.0.1', port=0, *, sock=None, bookmark_interval=None,
+                 expired_as='event', log_limit=10000, token=None):
         """Serve on ``host``/``port`` (0: ephemeral) or on an already bound ``sock``.
 
-        ``expired_as`` picks how a watch from a compacted resourceVersion is
-        refused: ``'event'`` (200 and an ERROR event, as the real server does)
-        or ``'http'`` (an HTTP 410 response). ``log_limit`` bounds the event
-        log; older history is compacted away.
+        A watch that allows bookmarks gets one two seconds before its timeout
+        and, with ``bookmark_interval``, one every so many seconds. ``expired_as``
+        picks how a watch from a compacted resourceVersion is refused:
+        ``'event'`` (200 and an ERROR event, as the real server does) or
+        ``'http'`` (an HTTP 410 response). ``log_limit`` bounds the event log;
+        older history is compacted away. With ``token``, requests without
+        ``Authorization: Bearer <token>`` get 401.
         """
         if expired_as not in ('event', 'http'):
             raise ValueError('expired_as must be "event" or "http"')
         self.bookmark_interval = bookmark_interval
         self.expired_as = expired_as
+        self.token = token
         self._log_limit = max(2, log_limit)
         self._cond = threading.Condition()
         self._rv = 1
@@ -462,6 +552,18 @@ class APIServer:
         with self._cond:
             return str(self._rv)
 
+    def restart(self):
+        """Stop and start again as kube-apiserver restarts: its watch cache starts anew.
+
+        Watches resume only from the current resourceVersion; older ones get 410
+        Gone, even for versions etcd still holds. (:meth:`stop` and :meth:`start`
+        alone are an outage of this server while the cluster's history stays
+        whole, as with several API servers behind a load balancer.)
+        """
+        self.stop()
+        self.compact()
+        self.start()
+
     def compact(self):
         """Forget the event log: watches from any older resourceVersion get 410 Gone."""
         with self._cond:
@@ -510,8 +612,15 @@ class APIServer:
             self._requests.append(request)
             self._cond.notify_all()
 
-    def _list(self, resource, selector):
+    def _list(self, resource, selector, version=None):
+        """Not older than ``version``: the current state, unless ``version`` is in the future."""
         with self._cond:
+            if version is not None and version > self._rv:
+                raise APIError(504, 'Timeout', 'Timeout: Too large resource version: %d, current: '
+                               '%d' % (version, self._rv),
+                               {'causes': [{'reason': 'ResourceVersionTooLarge',
+                                            'message': 'Too large resource version'}],
+                                'retryAfterSeconds': 1})
             items = [obj for (plural, ns, name), obj in sorted(self._objects.items(),
                                                                key=lambda kv: kv[0])
                      if plural == resource.plural and selector.matches(obj)]
@@ -534,10 +643,19 @@ class APIServer:
     def _follow(self, resource, selector, cursor, epoch, timeout, bookmarks):
         """Yield watch events after ``cursor`` until timeout, stop() or lost history."""
         now = time.monotonic()
+        start = cursor
         deadline = now + timeout if timeout else None
-        next_bookmark = now + self.bookmark_interval if bookmarks else None
+        # kube-apiserver 1.20 sends one bookmark BOOKMARK_LEAD seconds before the
+        # watch's end, and only when it carries news: a version past the watch's
+        # start. (Later releases also send one a minute; ``bookmark_interval`` here
+        # sends them unconditionally, which tests use to see a stream is open.)
+        last_bookmark = deadline - BOOKMARK_LEAD if bookmarks and deadline else None
+        periodic = bookmarks and self.bookmark_interval
+        next_bookmark = now + self.bookmark_interval if periodic else None
         while True:
-            entries, gone = self._wait_for_entries(cursor, epoch, deadline, next_bookmark)
+            due = [t for t in (next_bookmark, last_bookmark) if t is not None]
+            entries, gone = self._wait_for_entries(cursor, epoch, deadline,
+                                                   min(due) if due else None)
             if entries is None:
                 return
             if entries is _STOPPED:
@@ -552,11 +670,14 @@ class APIServer:
                     yield event
             if entries:
                 cursor = entries[-1].rv
-            if next_bookmark is not None and time.monotonic() >= next_bookmark:
-                yield {'type': 'BOOKMARK',
-                       'object': {'kind': resource.kind, 'apiVersion': resource.api_version,
-                                  'metadata': {'resourceVersion': str(cursor)}}}
-                next_bookmark = time.monotonic() + self.bookmark_interval
+            now = time.monotonic()
+            bookmark = False
+            if last_bookmark is not None and now >= last_bookmark:
+                bookmark, last_bookmark = cursor > start, None
+            if next_bookmark is not None and now >= next_bookmark:
+                bookmark, next_bookmark = True, now + self.bookmark_interval
+            if bookmark:
+                yield {'type': 'BOOKMARK', 'object': _bookmark_object(resource, cursor)}
 
     def _wait_for_entries(self, cursor, epoch, deadline, next_bookmark):
         """Block until there is news.
@@ -633,7 +754,13 @@ class APIServer:
 
 
 def _not_found(plural, name):
-    return APIError(404, 'NotFound', '%s "%s" not found' % (plural, name))
+    resource = RESOURCES[plural]
+    details = {'name': name, 'kind': plural}
+    qualified = plural
+    if resource.prefix != '/api/v1':
+        details['group'] = resource.prefix.split('/')[2]
+        qualified = '%s.%s' % (plural, details['group'])
+    return APIError(404, 'NotFound', '%s "%s" not found' % (qualified, name), details)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -670,8 +797,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         try:
             raw = self._read_body()
             target = route(url.path)
+            self._authenticate(headers.get('authorization', ''))
             if target is None:
-                raise APIError(404, 'NotFound', 'the server could not find the requested resource')
+                raise APIError(404, 'NotFound', 'the server could not find the requested resource',
+                               {})
             resource, namespace, name = target
             if method == 'GET' and name is None and _truthy(query.get('watch')):
                 self._watch(resource, namespace, query)
@@ -680,6 +809,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except APIError as failure:
             code, obj = failure.code, failure.status()
         self._send_json(code, obj)
+
+    def _authenticate(self, authorization):
+        scheme, _, token = authorization.partition(' ')
+        if self.server.token is not None and (scheme.lower() != 'bearer'
+                                              or token.strip() != self.server.token):
+            raise APIError(401, 'Unauthorized', 'Unauthorized')
 
     def _read_body(self):
         """Read the whole body (even one we ignore, to keep the connection in step)."""
@@ -705,8 +840,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _dispatch(self, method, resource, namespace, name, query, raw):
         api = self.server
         if method == 'GET' and name is None:
-            selector = Selector(namespace, query.get('fieldSelector'), query.get('labelSelector'))
-            return 200, api._list(resource, selector)
+            selector = Selector(resource, namespace, query.get('fieldSelector'),
+                                query.get('labelSelector'))
+            return 200, api._list(resource, selector, _parse_version(query.get('resourceVersion')))
         if method == 'GET':
             obj = api.get(namespace, name, resource.plural)
             if obj is None:
@@ -716,12 +852,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return 201, api.create(resource.plural, _new_object(resource, namespace, raw))
         if method == 'DELETE' and name is not None:
             return 200, api.delete(resource.plural, namespace, name)
-        raise APIError(405, 'MethodNotAllowed', 'the server does not allow this method here')
+        raise APIError(405, 'MethodNotAllowed',
+                       'the server does not allow this method on the requested resource', {})
 
     def _watch(self, resource, namespace, query):
         api = self.server
-        selector = Selector(namespace, query.get('fieldSelector'), query.get('labelSelector'))
-        since = _parse_since(query.get('resourceVersion'))
+        selector = Selector(resource, namespace, query.get('fieldSelector'),
+                            query.get('labelSelector'))
+        since = _parse_version(query.get('resourceVersion'))
         timeout = _parse_timeout(query.get('timeoutSeconds'))
         bookmarks = _truthy(query.get('allowWatchBookmarks'))
         try:

@@ -7,11 +7,12 @@ import cotyledon
 import setproctitle
 
 from kuryr_cni import apiclient
-from kuryr_cni import kuryrport
+from kuryr_cni import listwatch
 from kuryr_cni import metrics
-from kuryr_cni import watcher
 from kuryr_cni.daemon import heartbeat
 from kuryr_cni.daemon import health
+from kuryr_cni.vifsource import annotation
+from kuryr_cni.vifsource import kuryrport
 
 TITLE = 'kuryr-cni-daemon: watcher'
 
@@ -19,14 +20,15 @@ TITLE = 'kuryr-cni-daemon: watcher'
 class WatcherService(cotyledon.Service):
     """Runs the VIF source of ``[cni_daemon] vif_source`` until terminated.
 
-    ``annotation``: a :class:`kuryr_cni.watcher.PodWatcher`. ``kuryrport``: a
-    :class:`kuryr_cni.kuryrport.KuryrPortWatcher` and, in a second thread, a
-    pod watcher for deletions, merged by :class:`kuryr_cni.kuryrport.PodVIFs`.
+    ``annotation``: one list+watch of this node's pods
+    (:class:`kuryr_cni.vifsource.annotation.PodAnnotations`). ``kuryrport``:
+    one of this node's KuryrPorts and, in a second thread, one of its pods,
+    merged by :class:`kuryr_cni.vifsource.kuryrport.PodVIFs`.
 
     ``terminate`` waits for the CNI workers to drain (their ADDs may wait for
-    VIFs), then stops the loop at its next wait (a watch read times out within
-    the request timeout). The watcher never raises out of its loop; if the
-    process dies anyway, cotyledon starts a new one, which relists.
+    VIFs), then stops the loops, cutting their open watch streams. The
+    list+watch never raises out of its loop; if the process dies anyway,
+    cotyledon starts a new one, which relists.
     """
 
     name = 'watcher'
@@ -48,17 +50,20 @@ class WatcherService(cotyledon.Service):
                                            token_file=k8s.token_file, ca_file=k8s.ca_file)
         node = self.conf.cni_daemon.node_name
         options = dict(watch_timeout=k8s.watch_timeout, on_restart=metrics.watch_restarted,
-                       on_event=metrics.watch_event)
+                       on_event=metrics.watch_event,
+                       on_activity=self.registry.status.note_watch_activity)
         if self.conf.cni_daemon.vif_source != 'kuryrport':
-            watcher.PodWatcher(client, node, self.registry, **options).run(self.stop_event)
+            source = annotation.PodAnnotations(client, node)
+            listwatch.ListWatch(source, self.registry, **options).run(self.stop_event)
             return
         # KuryrPorts carry the VIFs; the pods' own watch only tells deletions.
         merged = kuryrport.PodVIFs(self.registry)
-        pods = watcher.PodWatcher(client, node, merged.pods, **options)
+        pods = listwatch.ListWatch(kuryrport.PodPresence(client, node), merged.pods, **options)
         pod_thread = threading.Thread(target=pods.run, args=(self.stop_event,),
-                                      name='pod-watcher', daemon=True)
+                                      name='pod-watch', daemon=True)
         pod_thread.start()
-        kuryrport.KuryrPortWatcher(client, node, merged.ports, **options).run(self.stop_event)
+        listwatch.ListWatch(kuryrport.KuryrPorts(client, node), merged.ports,
+                            **options).run(self.stop_event)
         pod_thread.join()
 
     def terminate(self):

@@ -1,0 +1,403 @@
+"""One list+watch: keeps a sink in step with the objects one API request selects.
+
+The one job: list, then watch from the list's resourceVersion, and turn what
+arrives into records through a *source* (:mod:`kuryr_cni.vifsource`) that
+knows which objects to ask for and what to keep of each. The Kubernetes side
+is the same for every source:
+
+- a watch that ends (``timeoutSeconds``, a broken stream, an outage) is
+  resumed from the last resourceVersion seen: an event's or a bookmark's. No
+  relist, except on 410 Gone, which relists at once;
+- lists are served from the API server's watch cache, never from etcd: the
+  first asks for ``resourceVersion=0`` (any version), a relist for the last
+  version seen (that one or newer, so the records never go back in time). A
+  list of one node's pods from etcd reads every pod of the cluster, so its
+  cost grows with the cluster, the cache's with the node (measured in
+  ``doc/source/scale.rst``). Only when the server says it cannot serve that
+  version (410, or "too large" after an etcd restore) does the next list ask
+  for the latest, from etcd;
+- failures back off with jitter; the backoff starts over once the server
+  answers again (even with an error, after it was unreachable: kube-apiserver
+  1.20 answers 403 for a moment after a restart, before its RBAC authorizer
+  has read the roles);
+- the sink is unsynced from the first failure until a list or a resumed
+  watch is answered, so ``/ready`` tells when the records may be stale;
+- :meth:`ListWatch.stop` cuts an open watch stream, so it returns promptly.
+
+Bookmarks are honoured but never relied on: kube-apiserver 1.20 sends them
+only in the last two seconds before a watch's timeout.
+
+Boundaries: requests go through the official client, but the JSON is read
+here (deserialising every object into model classes is slow) and checked at
+this edge; an object without namespace, name, uid or resourceVersion is
+skipped, never an exception. Errors are reported without what a request
+carried: an exception raised while sending it may quote its headers, and
+with them the bearer token. No decision about attachments is taken here.
+"""
+
+import contextlib
+import json
+import random
+import threading
+
+from kubernetes import client
+from oslo_log import log as logging
+import urllib3
+
+from kuryr_cni import apiclient
+
+LOG = logging.getLogger(__name__)
+
+MAX_EVENT_BYTES = 4 * 1024 * 1024   # etcd holds objects of at most 1.5 MiB: bigger is garbage
+MAX_BACKOFF_EXPONENT = 16
+
+
+class _Expired(Exception):
+    """The API server no longer holds our resourceVersion: relist."""
+
+
+class _Unavailable(Exception):
+    """A request or a stream failed: back off, then resume from the last resourceVersion.
+
+    ``answered``: the server answered with an error, rather than not at all.
+    """
+
+    def __init__(self, message, answered=False):
+        super().__init__(message)
+        self.answered = answered
+
+
+class _BadObject(Exception):
+    """An API object lacking what we need to use it."""
+
+
+class ListWatch:
+    """Feeds ``sink`` from a list+watch of the objects ``source`` selects.
+
+    ``source`` has ``what`` (the watched objects, in words, for the logs),
+    ``request(**kwargs)`` (the list call of the official client, a watch with
+    ``watch=True``) and ``record(obj)`` (the record to keep of an object,
+    None when it is not this node's). A record's ``error``, when it has one,
+    is logged once per version of the object.
+
+    ``sink`` has ``replace_pods(records)``, ``put_pod(key, record)``,
+    ``drop_pod(key)`` and ``mark_synced(bool)``; records are keyed
+    ``"namespace/name"``. ``on_restart(reason)`` is called each time the
+    list or watch is answered again after a failure (``reason``:
+    ``'error'`` or ``'expired'``), ``on_event(type)`` for every watch event,
+    ``on_activity()`` for every list and every event. Exceptions raised by
+    the sink or the callbacks are not caught: without its registry the
+    watcher has nothing to do, and its process manager restarts it.
+    """
+
+    def __init__(self, source, sink, *, watch_timeout=300, request_timeout=(10, 60),
+                 backoff_max=30, backoff_initial=0.5, on_restart=None, on_event=None,
+                 on_activity=None):
+        """``request_timeout`` is (connect, read) seconds for the list; a watch
+        may stay silent for ``watch_timeout`` plus that read timeout.
+        """
+        if isinstance(request_timeout, (int, float)):
+            request_timeout = (request_timeout, request_timeout)
+        self.source = source
+        self.sink = sink
+        self.watch_timeout = max(1, int(watch_timeout))
+        self.request_timeout = tuple(request_timeout)
+        self.backoff_max = backoff_max
+        self.backoff_initial = min(backoff_initial, backoff_max)
+        self.on_restart = on_restart
+        self.on_event = on_event
+        self.on_activity = on_activity
+        self._rv = None               # where the watch resumes; None: relist first
+        self._list_rv = '0'           # what the next list asks for ('': the latest, from etcd)
+        self._failures = 0            # consecutive failures since the API last answered
+        self._unreachable = False     # whether the last failure got no answer at all
+        self._expired_in_a_row = 0    # 410s with no event between them
+        self._restart_reason = None
+        self._synced = False
+        self._reported = {}           # key -> resourceVersion whose error was logged
+        self._lock = threading.Lock()
+        self._response = None         # the response being read, so stop can cut it
+        self._stop_event = threading.Event()
+
+    def run(self, stop_event=None):
+        """List and watch until ``stop_event`` is set (from any thread or signal handler).
+
+        Setting the event also cuts an open watch stream, so it returns promptly.
+        """
+        if stop_event is not None:
+            self._stop_event = stop_event
+        stop_event = self._stop_event
+        threading.Thread(target=self._cut_on_stop, daemon=True, name='watch-stopper').start()
+        LOG.info('Watching %s', self.source.what)
+        while not stop_event.is_set():
+            try:
+                if self._rv is None:
+                    self._relist()
+                self._watch()
+            except _Expired as exc:
+                self._recover_from_expiry(exc)
+            except _Unavailable as exc:
+                if stop_event.is_set():
+                    break
+                self._recover_from_failure(exc)
+        LOG.info('Stopped watching %s', self.source.what)
+
+    def stop(self):
+        """Ask :meth:`run` to return; safe from any thread."""
+        self._stop_event.set()
+
+    # Steps -----------------------------------------------------------------------
+
+    def _relist(self):
+        response = self._call(resource_version=self._list_rv or None,
+                              _request_timeout=self.request_timeout)
+        with self._reading(response):
+            body = _read_json(response)
+        try:
+            rv = _resource_version(body)
+            items = body['items'] or []
+            if not isinstance(items, list):
+                raise _BadObject('items is not a list')
+        except (_BadObject, KeyError, TypeError) as exc:
+            raise _Unavailable('malformed list of %s: %s' % (self.source.what, exc)) from None
+        records = {}
+        for obj in items:
+            try:
+                key, obj_rv = _identify(obj)
+            except _BadObject as exc:
+                LOG.warning('Skipping one of the %s listed: %s', self.source.what, exc)
+                continue
+            record = self._record(key, obj_rv, obj)
+            if record is not None:
+                records[key] = record
+        self.sink.replace_pods(records)
+        self._reported = {k: v for k, v in self._reported.items() if k in records}
+        self._rv = rv
+        self._note_answered()
+        if self.on_activity is not None:
+            self.on_activity()
+        LOG.info('Listed %d %s at resource version %s', len(records), self.source.what, rv)
+
+    def _watch(self):
+        read_timeout = self.watch_timeout + self.request_timeout[1]
+        response = self._call(watch=True, resource_version=self._rv, allow_watch_bookmarks=True,
+                              timeout_seconds=self.watch_timeout,
+                              _request_timeout=(self.request_timeout[0], read_timeout))
+        self._note_answered()
+        with self._reading(response):
+            for event in _events(response):
+                if self._stop_event.is_set():
+                    return
+                self._handle(event)
+        self._expired_in_a_row = 0      # ended at its timeout: our version was still served
+
+    def _handle(self, event):
+        kind = event.get('type')
+        obj = event.get('object')
+        if self.on_event is not None:
+            self.on_event(kind)
+        if self.on_activity is not None:
+            self.on_activity()
+        if not isinstance(obj, dict):
+            LOG.warning('Ignoring a %s watch event without an object', kind)
+            return
+        if kind == 'ERROR':
+            if obj.get('code') == 410:
+                raise _Expired(apiclient.clip(obj.get('message')))
+            raise _Unavailable('watch error %s: %s' % (obj.get('code'),
+                                                       apiclient.clip(obj.get('message'))))
+        self._expired_in_a_row = 0
+        if kind == 'BOOKMARK':
+            with contextlib.suppress(_BadObject):
+                self._rv = _resource_version(obj)
+            return
+        if kind not in ('ADDED', 'MODIFIED', 'DELETED'):
+            LOG.warning('Ignoring a watch event of unknown type %r', kind)
+            return
+        try:
+            key, rv = _identify(obj)
+        except _BadObject as exc:
+            LOG.warning('Skipping a %s event: %s', kind, exc)
+            return
+        record = None if kind == 'DELETED' else self._record(key, rv, obj)
+        if record is None:
+            self.sink.drop_pod(key)
+            self._reported.pop(key, None)
+        else:
+            self.sink.put_pod(key, record)
+        self._rv = rv
+
+    def _record(self, key, rv, obj):
+        record = self.source.record(obj)
+        error = record.get('error') if record is not None else None
+        if error is None:
+            self._reported.pop(key, None)
+        elif self._reported.get(key) != rv:
+            # Relists replay the same version: log each bad version once, not once per relist.
+            LOG.warning('Ignoring the VIFs of %s (resource version %s): %s', key, rv, error)
+            self._reported[key] = rv
+        return record
+
+    # Failure handling ----------------------------------------------------------------
+
+    def _recover_from_expiry(self, exc):
+        if self._rv is None:
+            LOG.info('The API server cannot list %s at resource version %s (%s); '
+                     'listing the latest', self.source.what, self._list_rv, exc)
+            self._list_rv = ''
+        else:
+            LOG.info('Resource version %s of %s expired (%s); relisting', self._rv,
+                     self.source.what, exc)
+            self._list_rv, self._rv = self._rv, None
+        self._expired_in_a_row += 1
+        # Once at once: the server answered, the history is simply gone.
+        self._note_failure('expired', backoff=self._expired_in_a_row > 1)
+
+    def _recover_from_failure(self, exc):
+        if exc.answered and self._unreachable:
+            # Back after an outage, though refusing for now (kube-apiserver 1.20
+            # answers 403 until its RBAC authorizer has read the roles): the
+            # backoff built up while it was unreachable no longer applies.
+            self._failures = 0
+        self._unreachable = not exc.answered
+        LOG.warning('Kubernetes API unavailable for the watch of %s (%s); retrying',
+                    self.source.what, exc)
+        self._note_failure('error', backoff=True)
+
+    def _call(self, **kwargs):
+        """Issue the source's request; return the raw response."""
+        try:
+            return self.source.request(_preload_content=False, **kwargs)
+        except client.ApiException as exc:
+            if exc.status == 410 or _too_large(apiclient.error_status(exc)):
+                raise _Expired(apiclient.describe_error(exc)) from None
+            raise _Unavailable(apiclient.describe_error(exc), answered=True) from None
+        except Exception as exc:
+            # Whatever it is (urllib3's ValueError for a header with a newline
+            # included), the loop goes on, and the token stays out of the logs.
+            raise _Unavailable(apiclient.describe_error(exc)) from None
+
+    def _note_answered(self):
+        """The API server answered: back to a clean slate."""
+        self._failures = 0
+        self._unreachable = False
+        if self._restart_reason is not None:
+            LOG.info('Watch of %s re-established after %s', self.source.what,
+                     self._restart_reason)
+            if self.on_restart is not None:
+                self.on_restart(self._restart_reason)
+            self._restart_reason = None
+        if not self._synced:
+            self._synced = True
+            self.sink.mark_synced(True)
+
+    def _note_failure(self, reason, backoff):
+        self._restart_reason = reason
+        self._failures += 1
+        if self._synced:
+            # From the first failure: the records may miss what happens meanwhile.
+            self._synced = False
+            self.sink.mark_synced(False)
+        if backoff:
+            self._stop_event.wait(self._backoff_delay())
+
+    def _backoff_delay(self):
+        exponent = min(self._failures - 1, MAX_BACKOFF_EXPONENT)
+        ceiling = min(self.backoff_max, self.backoff_initial * 2 ** exponent)
+        # Jitter keeps a fleet of nodes from reconnecting in lockstep after an outage.
+        return random.uniform(ceiling / 2, ceiling)
+
+    # Interrupting a blocked read -----------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _reading(self, response):
+        with self._lock:
+            self._response = response
+            stopping = self._stop_event.is_set()
+        try:
+            if stopping:
+                raise _Unavailable('stopping')
+            yield
+        finally:
+            with self._lock:
+                self._response = None
+            if not response.isclosed():
+                # Unread data left on it: the connection must not go back to the pool.
+                response.close()
+            response.release_conn()
+
+    def _cut_on_stop(self):
+        self._stop_event.wait()
+        with self._lock:
+            response = self._response
+        if response is not None:
+            # Unblocks the read in run(); errors mean it already finished with it.
+            with contextlib.suppress(ValueError, RuntimeError, OSError):
+                response.shutdown()
+
+
+def _read_json(response):
+    try:
+        return json.loads(response.read())
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _Unavailable(str(exc) or type(exc).__name__) from None
+    except ValueError as exc:
+        raise _Unavailable('response is not JSON: %s' % exc) from None
+
+
+def _events(response):
+    """Yield the decoded events of a watch stream, one JSON object per line."""
+    pending = bytearray()
+    try:
+        for data in response.stream(amt=None):
+            pending += data
+            while (end := pending.find(b'\n')) >= 0:
+                line = bytes(pending[:end])
+                del pending[:end + 1]
+                if line.strip():
+                    yield _decode_event(line)
+            if len(pending) > MAX_EVENT_BYTES:
+                raise _Unavailable('watch event larger than %d bytes' % MAX_EVENT_BYTES)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise _Unavailable('watch stream broken: %s' % (str(exc) or type(exc).__name__)) from None
+    if pending.strip():
+        yield _decode_event(bytes(pending))
+
+
+def _decode_event(line):
+    try:
+        event = json.loads(line)
+    except ValueError:
+        raise _Unavailable('undecodable watch event %r' % line[:200]) from None
+    if not isinstance(event, dict):
+        raise _Unavailable('watch event is not an object: %r' % line[:200])
+    return event
+
+
+def _resource_version(obj):
+    meta = obj.get('metadata') if isinstance(obj, dict) else None
+    rv = meta.get('resourceVersion') if isinstance(meta, dict) else None
+    if not isinstance(rv, str) or not rv:
+        raise _BadObject('no metadata.resourceVersion')
+    return rv
+
+
+def _identify(obj):
+    """Return ``("namespace/name", resourceVersion)``; raise _BadObject when unusable."""
+    meta = obj.get('metadata') if isinstance(obj, dict) else None
+    if not isinstance(meta, dict):
+        raise _BadObject('object without metadata')
+    missing = [f for f in ('namespace', 'name', 'uid')
+               if not isinstance(meta.get(f), str) or not meta.get(f)]
+    if missing:
+        raise _BadObject('%s/%s lacks metadata.%s' % (meta.get('namespace'), meta.get('name'),
+                                                      ', metadata.'.join(missing)))
+    return '%s/%s' % (meta['namespace'], meta['name']), _resource_version(obj)
+
+
+def _too_large(status):
+    """Whether ``status`` refuses a resourceVersion newer than the server's (etcd restored)."""
+    details = status.get('details')
+    causes = details.get('causes') if isinstance(details, dict) else None
+    return isinstance(causes, list) and any(
+        isinstance(c, dict) and c.get('reason') == 'ResourceVersionTooLarge' for c in causes)

@@ -1,0 +1,117 @@
+"""The list+watch against a real kube-apiserver: restarts, compaction, 410.
+
+kube-apiserver 1.20 serves watches from its watch cache, which a restart
+starts anew at etcd's current revision: a watch resumes from a version at
+least that recent, an older one gets 410 Gone, whatever etcd still holds. A
+server without the watch cache serves watches from etcd, which answers 410
+only for versions compacted away. Both are exercised here.
+"""
+
+import pytest
+
+from tests import wait
+from tests.functional import crash
+from tests.functional import helpers
+from tests.k8s import cluster as k8s
+from tests.k8s import conftest
+from tools.testbed import host as testhost
+
+
+def ready(node):
+    return crash.health(node, 'ready')[0] == 200
+
+
+def pod_requests(cluster, since):
+    return [(r['verb'], k8s.query(r).get('resourceVersion'))
+            for r in cluster.daemon_requests(since, resource='pods')]
+
+
+def test_after_a_restart_the_watch_resumes_and_an_add_works(cluster, node, runtime):
+    node.start_daemon(vif_timeout=60)
+    first = cluster.create_pod('default', 'before-1', node.name, testhost.Host.vifs(5))
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+                                      type='ADDED') == 1, 20, 'the pod to be seen')
+    # Nothing else is written meanwhile: the restarted watch cache starts at this version.
+    last = first['metadata']['resourceVersion']
+    since = cluster.audit_offset()
+
+    cluster.stop()
+    wait.until(lambda: not ready(node), 30, '/ready to fail while the server is down')
+    cluster.start()
+    pod = cluster.create_pod('default', 'after-1', node.name, testhost.Host.vifs(6))
+    outcome = runtime.add(node.sandbox(pod))
+    assert outcome.ok, outcome
+    wait.until(lambda: ready(node), 30, '/ready to pass again')
+
+    requests = pod_requests(cluster, since)
+    assert requests[0] == ('watch', last)             # resumed from the last version seen
+    assert [verb for verb, _ in requests] == ['watch'] * len(requests)   # and no relist
+    assert helpers.metric(node, 'kuryr_cni_watch_restarts_total', reason='expired') == 0
+    # kube-apiserver 1.20 is ready before its RBAC authorizer has read the roles: for a
+    # moment it refuses the resume (403), which is retried from the start of the backoff.
+    refused = cluster.refused(since)
+    assert all(k8s.query_of(uri)['resourceVersion'] == last for uri in refused), refused
+    assert 'cannot watch resource "pods"' in node.daemon_log() or not refused
+
+
+def test_after_a_restart_an_expired_version_relists_once_from_the_cache(cluster, node):
+    node.start_daemon()
+    seen = cluster.create_pod('default', 'seen-1', node.name, testhost.Host.vifs(5))
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+                                      type='ADDED') == 1, 20, 'the pod to be seen')
+    cluster.create_pod('default', 'moved-on-1', 'node-elsewhere')    # the version moves on
+    since = cluster.audit_offset()
+
+    cluster.restart()
+    wait.until(lambda: [r for r in pod_requests(cluster, since) if r[0] == 'list'],
+               30, 'the relist')
+    wait.until(lambda: pod_requests(cluster, since)[-1][0] == 'watch', 30,
+               'the watch after it')
+    wait.until(lambda: ready(node), 30, '/ready to pass again')
+    requests = pod_requests(cluster, since)
+    version = seen['metadata']['resourceVersion']
+    # Resumes from the version seen (the first may meet the RBAC warm-up's 403), a 410,
+    # one list not older than what was seen (from the watch cache), a watch from there.
+    resumes, relist, watch = requests[:-2], requests[-2], requests[-1]
+    assert resumes and set(resumes) == {('watch', version)}, requests
+    assert relist == ('list', version) and watch[0] == 'watch', requests
+    assert helpers.metric(node, 'kuryr_cni_watch_restarts_total', reason='expired') == 1
+
+
+@pytest.fixture(scope='module')
+def etcd_served():
+    """A second server, whose watches etcd serves (no watch cache)."""
+    conftest._unavailable()
+    server = k8s.Cluster(conftest.SESSION_PREFIX, extra_flags=['--watch-cache=false'])
+    try:
+        server.apply_daemonset_rbac()
+        yield server
+    finally:
+        server.close()
+
+
+def test_a_compaction_past_its_version_relists_exactly_once(etcd_served):
+    cluster = etcd_served
+    node = conftest.Node(cluster)
+    try:
+        since = cluster.audit_offset()
+        node.start_daemon(extra='\n[kubernetes]\nwatch_timeout = 10\n')
+        wait.until(lambda: pod_requests(cluster, since)[-1:] == [('watch', None)]
+                   or len(pod_requests(cluster, since)) >= 2, 20, 'the first watch')
+        for index in range(3):       # other nodes' pods: the daemon's version stays behind
+            cluster.create_pod('default', 'elsewhere-%d' % index, 'node-elsewhere')
+        compacted = cluster.compact()
+
+        # The watch ends at its timeout; resuming from a compacted version gets 410.
+        wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_restarts_total',
+                                          reason='expired') == 1, 40, 'the relist')
+        wait.until(lambda: pod_requests(cluster, since)[-1][0] == 'watch', 30,
+                   'the watch after it')
+        requests = pod_requests(cluster, since)
+        assert [verb for verb, _ in requests].count('list') == 2, requests   # start + one
+        assert int(requests[-1][1]) >= compacted
+        assert 'expired' in node.daemon_log()
+        assert ready(node)
+        assert cluster.refused(since) == []
+    finally:
+        node.close()

@@ -1,0 +1,572 @@
+"""The list+watch with the pod annotation source, against the API stand-in, through the
+official client."""
+
+import collections
+import json
+import logging
+import os
+import pickle
+import socket
+import threading
+import time
+
+from kubernetes import client
+from kubernetes.config import incluster_config
+import pytest
+
+from kuryr_cni import apiclient
+from kuryr_cni import listwatch
+from kuryr_cni import vif as vifmod
+from kuryr_cni.vifsource import annotation
+from tools.testbed import apiserver
+
+pytestmark = pytest.mark.usefixtures('no_leftover_threads')
+
+NODE = 'node-1'
+WAIT = 10        # seconds; outcomes arrive much sooner, this only bounds a failing test
+
+
+def vifs(index, active=True):
+    return {'eth0': {'kind': 'bridge', 'port_id': 'port-%d' % index,
+                     'mac': 'fa:16:3e:00:00:%02x' % index, 'mtu': 1450, 'bridge': 'kuryr-br0',
+                     'ips': ['10.10.0.%d/24' % index], 'gateway': '10.10.0.1', 'active': active}}
+
+
+def expected_vifs(index, active=True):
+    parsed = vifmod.parse_annotation(json.dumps(vifs(index, active)))
+    return {name: v.to_dict() for name, v in parsed.items()}
+
+
+class Sink:
+    """The registry's sink interface, in memory.
+
+    Records go through pickle, as they would through a multiprocessing.Manager,
+    so anything but small plain values fails here as it would there.
+    """
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.pods = {}
+        self.synced = None
+        self.synced_history = []
+        self.replaces = 0
+        self.timeline = None        # a list to record mark_synced calls in, in order
+
+    def replace_pods(self, records):
+        with self.cond:
+            self.pods = pickle.loads(pickle.dumps(records))
+            self.replaces += 1
+            self.cond.notify_all()
+
+    def put_pod(self, key, record):
+        with self.cond:
+            self.pods[key] = pickle.loads(pickle.dumps(record))
+            self.cond.notify_all()
+
+    def drop_pod(self, key):
+        with self.cond:
+            self.pods.pop(key, None)
+            self.cond.notify_all()
+
+    def mark_synced(self, synced):
+        with self.cond:
+            self.synced = synced
+            self.synced_history.append(synced)
+            if self.timeline is not None:
+                self.timeline.append(('synced', synced))
+            self.cond.notify_all()
+
+    def wait_for(self, predicate, what):
+        with self.cond:
+            assert self.cond.wait_for(lambda: predicate(self), WAIT), 'timed out: ' + what
+
+
+class RecordingStop(threading.Event):
+    """The stop event, which also records each backoff wait in the harness's timeline."""
+
+    def __init__(self, timeline, cond):
+        super().__init__()
+        self.timeline, self.cond = timeline, cond
+
+    def wait(self, timeout=None):
+        if timeout is not None and threading.current_thread().name != 'watch-stopper':
+            with self.cond:
+                self.timeline.append(('wait', timeout))
+                self.cond.notify_all()
+        return super().wait(timeout)
+
+
+class Harness:
+    """A list+watch running in a thread, with its sink, callback counts and a timeline of
+    its restarts and backoff waits."""
+
+    def __init__(self, server, token_file=None, **kwargs):
+        self.server = server
+        self.sink = Sink()
+        self.restarts = []
+        self.timeline = []
+        self.activity = 0
+        self.event_types = collections.Counter()
+        self.api = apiclient.make_api_client(api_root=server.url, token_file=token_file)
+        kwargs.setdefault('watch_timeout', 300)
+        kwargs.setdefault('backoff_max', 0.2)
+        self.watcher = listwatch.ListWatch(annotation.PodAnnotations(self.api, NODE), self.sink,
+                                           on_restart=self._restarted, on_event=self._event,
+                                           on_activity=self._active, **kwargs)
+        self.stop_event = RecordingStop(self.timeline, self.sink.cond)
+        self.thread = threading.Thread(target=self.watcher.run, args=(self.stop_event,))
+
+    def _restarted(self, reason):
+        with self.sink.cond:
+            self.restarts.append(reason)
+            self.timeline.append(('restart', reason))
+            self.sink.cond.notify_all()
+
+    def _active(self):
+        with self.sink.cond:
+            self.activity += 1
+            self.sink.cond.notify_all()
+
+    def _event(self, kind):
+        with self.sink.cond:
+            self.event_types[kind] += 1
+            self.sink.cond.notify_all()
+
+    def start(self):
+        self.thread.start()
+        self.sink.wait_for(lambda s: s.synced, 'initial sync')
+        return self
+
+    def close(self):
+        self.stop_event.set()
+        self.thread.join(WAIT)
+        self.api.close()
+        assert not self.thread.is_alive(), 'the watcher did not stop'
+
+    def wait_streaming(self):
+        """Wait for a bookmark: the watch stream is open (not merely requested)."""
+        with self.sink.cond:
+            seen = self.event_types['BOOKMARK']
+        self.sink.wait_for(lambda s: self.event_types['BOOKMARK'] > seen, 'a bookmark')
+
+    def lists(self):
+        return [r for r in self.server.requests() if r.path == '/api/v1/pods' and not r.is_watch]
+
+    def watches(self):
+        return [r for r in self.server.requests() if r.path == '/api/v1/pods' and r.is_watch]
+
+    def wait_for_watch(self, predicate, what):
+        found = self.server.wait_for_request(
+            lambda r: r.path == '/api/v1/pods' and r.is_watch and predicate(r), WAIT)
+        assert found is not None, 'timed out: ' + what
+        return found
+
+
+@pytest.fixture
+def harnesses():
+    started = []
+    yield started
+    for harness in started:
+        harness.close()
+
+
+@pytest.fixture
+def run(server, harnesses):
+    def start(srv=None, **kwargs):
+        harness = Harness(srv or server, **kwargs)
+        harnesses.append(harness)
+        return harness.start()
+    return start
+
+
+def test_initial_list_fills_the_sink_with_this_nodes_pods(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a',
+                      annotations={vifmod.ANNOTATION: json.dumps(vifs(5))})
+    server.create_pod('other', 'b', NODE, uid='uid-b')
+    server.create_pod('default', 'elsewhere', 'node-2',
+                      annotations={vifmod.ANNOTATION: json.dumps(vifs(6))})
+
+    h = run()
+
+    assert h.sink.pods == {
+        'default/a': {'uid': 'uid-a', 'vifs': expected_vifs(5), 'error': None, 'deleting': False},
+        'other/b': {'uid': 'uid-b', 'vifs': {}, 'error': None, 'deleting': False},
+    }
+    (listed,) = h.lists()
+    assert listed.query['fieldSelector'] == 'spec.nodeName=' + NODE
+    assert listed.query['resourceVersion'] == '0'      # any version: the watch cache serves it
+    watched = h.wait_for_watch(lambda r: True, 'the watch')
+    assert watched.query['resourceVersion'] == server.resource_version
+    assert watched.query['allowWatchBookmarks'] == 'true'
+    assert h.restarts == []
+    assert h.activity >= 1          # the list counts as watch activity
+
+
+def test_added_modified_deleted_reach_the_sink(server, run):
+    h = run()
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h.sink.wait_for(lambda s: 'default/a' in s.pods, 'ADDED')
+    server.set_vifs('default', 'a', vifs(7, active=False))
+    server.set_vifs('default', 'a', vifs(7))
+    h.sink.wait_for(lambda s: s.pods['default/a']['vifs'] == expected_vifs(7), 'MODIFIED')
+    server.delete_pod('default', 'a', grace_period=30)
+    h.sink.wait_for(lambda s: s.pods['default/a']['deleting'], 'deletionTimestamp')
+    server.delete_pod('default', 'a')
+    h.sink.wait_for(lambda s: 'default/a' not in s.pods, 'DELETED')
+
+    assert h.event_types['ADDED'] == 1
+    assert h.event_types['MODIFIED'] == 3
+    assert h.event_types['DELETED'] == 1
+    assert len(h.lists()) == 1
+    assert h.activity == 1 + 5      # the list and each event
+
+
+def test_bad_annotation_gives_an_error_record_and_the_loop_goes_on(server, run, caplog):
+    caplog.set_level(logging.WARNING)
+    h = run()
+    server.create_pod('default', 'a', NODE, uid='uid-a',
+                      annotations={vifmod.ANNOTATION: '{not json'})
+    broken = vifs(8)
+    broken['eth0']['kind'] = 'teleport'
+    server.create_pod('default', 'b', NODE, uid='uid-b',
+                      annotations={vifmod.ANNOTATION: json.dumps(broken)})
+    h.sink.wait_for(lambda s: 'default/b' in s.pods, 'both pods')
+
+    a, b = h.sink.pods['default/a'], h.sink.pods['default/b']
+    assert (a['vifs'], b['vifs']) == ({}, {})
+    assert 'not JSON' in a['error']
+    assert 'teleport' in b['error']
+    assert len([r for r in caplog.records if 'default/a' in r.getMessage()]) == 1
+
+    server.set_vifs('default', 'a', vifs(9))
+    h.sink.wait_for(lambda s: s.pods['default/a']['error'] is None, 'the fix')
+    assert h.sink.pods['default/a']['vifs'] == expected_vifs(9)
+
+
+def test_unusable_api_objects_are_skipped(server, run):
+    server.create('pods', {'metadata': {'namespace': 'default', 'name': 'no-uid', 'uid': ''},
+                           'spec': {'nodeName': NODE}})
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h = run()
+    assert set(h.sink.pods) == {'default/a'}
+    server.create('pods', {'metadata': {'namespace': 'default', 'name': 'no-uid-2', 'uid': ''},
+                           'spec': {'nodeName': NODE}})
+    server.create_pod('default', 'b', NODE, uid='uid-b')
+    h.sink.wait_for(lambda s: 'default/b' in s.pods, 'the pod after the bad one')
+    assert set(h.sink.pods) == {'default/a', 'default/b'}
+
+
+def test_a_normal_watch_end_resumes_without_relisting(server, run):
+    h = run(watch_timeout=1)
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h.sink.wait_for(lambda s: 'default/a' in s.pods, 'ADDED')
+    # Events for other nodes move the version on; only bookmarks tell the watcher.
+    server.create_pod('default', 'elsewhere', 'node-2')
+    latest = server.resource_version
+    h.wait_for_watch(lambda r: r.query['resourceVersion'] == latest,
+                     'a watch resumed from the bookmarked version')
+
+    assert len(h.lists()) == 1
+    assert h.sink.replaces == 1
+    assert h.restarts == []
+    assert h.event_types['BOOKMARK'] > 0
+    versions = [int(w.query['resourceVersion']) for w in h.watches()]
+    assert versions == sorted(versions)
+
+
+def test_410_after_compaction_relists_from_the_watch_cache(run):
+    # No periodic bookmarks: the version falls behind while other nodes' pods change.
+    with apiserver.APIServer() as srv:
+        srv.create_pod('default', 'a', NODE, uid='uid-a')
+        h = run(srv, watch_timeout=10)
+        watched = h.wait_for_watch(lambda r: True, 'the watch').query['resourceVersion']
+        srv.create_pod('default', 'elsewhere', 'node-2')
+        srv.restart()           # a restarted kube-apiserver has no history: 410 on resume
+        h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
+        # ('error' first, unless the restart caught the watch before its answer, and
+        # urllib3's one retry sent it again.)
+        h.sink.wait_for(lambda s: h.restarts[-1:] == ['expired'], 'on_restart')
+        first, relist = h.lists()
+        # Not older than what it had seen: never back in time, and served from the cache.
+        assert relist.query['resourceVersion'] == watched
+        assert set(h.sink.pods) == {'default/a'}
+        h.close()
+
+
+def test_http_410_relists_too(run):
+    with apiserver.APIServer(expired_as='http') as srv:
+        h = run(srv, watch_timeout=10)
+        h.wait_for_watch(lambda r: True, 'the watch')
+        srv.create_pod('default', 'elsewhere', 'node-2')
+        srv.restart()
+        h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
+        assert h.restarts == ['expired']        # the resume was refused, never answered
+        h.close()
+
+
+def test_a_list_refused_as_too_new_lists_the_latest(server, harnesses):
+    # An etcd restored from a backup is behind the version the watcher asks for.
+    h = Harness(server)
+    harnesses.append(h)
+    h.watcher._list_rv = '999999'         # as after a 410 at that version
+    h.start()
+    refused, latest = h.lists()
+    assert refused.query['resourceVersion'] == '999999'
+    assert 'resourceVersion' not in latest.query      # the latest, from etcd
+    assert h.restarts == ['expired']
+
+
+def test_outage_then_catch_up_from_the_last_version(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    server.create_pod('default', 'b', NODE, uid='uid-b')
+    h = run()
+
+    h.wait_streaming()
+    server.stop()           # an outage of this server; the cluster's history stays whole
+    server.delete_pod('default', 'a')
+    server.set_vifs('default', 'b', vifs(10))
+    server.create_pod('default', 'c', NODE, uid='uid-c')
+    server.start()
+
+    h.sink.wait_for(lambda s: set(s.pods) == {'default/b', 'default/c'}
+                    and s.pods['default/b']['vifs'] == expected_vifs(10), 'catch up')
+    h.sink.wait_for(lambda s: h.restarts == ['error'], 'on_restart')
+    assert len(h.lists()) == 1          # resumed, the log still held the changes
+    h.sink.wait_for(lambda s: s.synced_history == [True, False, True], 'synced again')
+
+
+def test_outage_then_compaction_relists(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h = run()
+    h.wait_streaming()
+    server.stop()
+    server.delete_pod('default', 'a')
+    server.create_pod('default', 'c', NODE, uid='uid-c')
+    server.compact()
+    server.start()
+    h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
+    assert set(h.sink.pods) == {'default/c'}
+    h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'on_restart %s' % h.restarts)
+
+
+def test_unsynced_from_the_first_failure_until_the_watch_resumes(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h = run(backoff_initial=0.2)
+    h.wait_streaming()
+    with h.sink.cond:
+        h.sink.timeline = h.timeline
+        h.timeline.clear()
+    server.stop()
+    h.sink.wait_for(lambda s: ('synced', False) in h.timeline, 'unsynced')
+    assert set(h.sink.pods) == {'default/a'}     # stale, but kept
+    server.start()
+    h.sink.wait_for(lambda s: s.synced, 'synced again')
+    # Unsynced at the first failure, before any backoff; synced again by the resumed watch.
+    assert h.timeline[:2] == [('synced', False), ('wait', h.timeline[1][1])]
+    assert h.timeline[-2:] == [('restart', 'error'), ('synced', True)]
+    assert len(h.lists()) == 1
+
+
+def test_the_backoff_starts_over_once_the_api_answers(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a')
+    h = run(backoff_initial=0.01, backoff_max=30)
+    h.wait_streaming()
+    server.stop()
+    h.sink.wait_for(lambda s: len(h.timeline) >= 6, 'six failures')
+    with h.sink.cond:
+        grown = max(timeout for kind, timeout in h.timeline if kind == 'wait')
+    server.create_pod('default', 'b', NODE, uid='uid-b')   # the history moves on meanwhile
+    server.restart()        # and a restarted server has none: the resume gets 410
+
+    h.sink.wait_for(lambda s: h.restarts == ['error', 'expired'], 'the resume, then the relist')
+    with h.sink.cond:
+        after = h.timeline[h.timeline.index(('restart', 'error')):]
+    # The 410 came on a connection just answered: relisted at once, no backoff between.
+    assert after == [('restart', 'error'), ('restart', 'expired')]
+    assert set(h.sink.pods) == {'default/a', 'default/b'}
+
+    server.stop()
+    h.sink.wait_for(lambda s: h.timeline[-1][0] == 'wait', 'the next failure')
+    with h.sink.cond:
+        first_wait = h.timeline[-1][1]
+    assert first_wait <= 0.01 < grown       # from the start again, not where it had grown to
+    server.start()
+
+
+def test_an_error_answer_after_an_outage_starts_the_backoff_over(server_with_token, run,
+                                                                 tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('s3cret\n')
+    h = run(server_with_token, token_file=str(token), backoff_initial=0.01, backoff_max=30)
+    server_with_token.stop()
+    h.sink.wait_for(lambda s: len(h.timeline) >= 6, 'six failures while unreachable')
+    token.write_text('revoked\n')          # back, but refusing: 401 (1.20 says 403 a while)
+    os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
+    with h.sink.cond:
+        outage = len(h.timeline)
+    server_with_token.start()
+    h.sink.wait_for(lambda s: len(h.timeline) >= outage + 4, 'refusals')
+    with h.sink.cond:
+        grown = h.timeline[outage - 1][1]
+        waits = [t for _, t in h.timeline[outage:]]
+    # Started over at the first refusal (grown waits before it at most) ...
+    assert grown > 0.01 and min(waits) <= 0.01
+    assert waits[-1] > 0.01             # ... and growing again with the refusals that follow
+    assert h.thread.is_alive()
+
+
+@pytest.fixture
+def server_with_token():
+    srv = apiserver.APIServer(token='s3cret')
+    yield srv
+    srv.close()
+
+
+def test_stop_event_cuts_a_quiet_watch(run):
+    with apiserver.APIServer() as srv:
+        h = run(srv, watch_timeout=300)
+        srv.create_pod('default', 'a', NODE, uid='uid-a')
+        h.sink.wait_for(lambda s: 'default/a' in s.pods, 'the stream to be open')
+        h.stop_event.set()
+        h.thread.join(WAIT)     # a watch of 300 s: only the cut ends it within WAIT
+        assert not h.thread.is_alive()
+        h.close()
+
+
+def test_stop_during_backoff_returns_promptly(server, run):
+    h = run(backoff_max=60, backoff_initial=30)
+    h.wait_streaming()
+    server.stop()
+    h.sink.wait_for(lambda s: h.timeline and h.timeline[-1][0] == 'wait',
+                    'the first backoff, 15 to 30 s')
+    h.watcher.stop()
+    h.thread.join(WAIT)
+    assert not h.thread.is_alive()
+
+
+def test_backoff_grows_with_jitter_and_is_capped():
+    api = apiclient.make_api_client(api_root='http://127.0.0.1:9')
+    w = listwatch.ListWatch(annotation.PodAnnotations(api, NODE), Sink(), backoff_max=8,
+                            backoff_initial=1)
+    api.close()
+    for failures, ceiling in ((1, 1), (2, 2), (3, 4), (4, 8), (5, 8), (500, 8)):
+        w._failures = failures
+        delays = {w._backoff_delay() for _ in range(50)}
+        assert all(ceiling / 2 <= d <= ceiling for d in delays)
+        assert len(delays) > 1
+
+
+# The bearer token ----------------------------------------------------------------------
+
+def test_bearer_token_is_read_from_its_file_and_rotated(server, run, tmp_path):
+    token = tmp_path / 'token'
+    token.write_text('first\n')
+    h = run(token_file=str(token), watch_timeout=1)
+    token.write_text('second\n')
+    os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
+    assert server.wait_for_request(
+        lambda r: r.headers.get('authorization') == 'Bearer second', WAIT)
+    assert server.requests()[0].headers['authorization'] == 'Bearer first'
+    h.close()
+
+
+def test_a_kubeconfig_token_file_ending_in_a_newline_is_sent_stripped(tmp_path):
+    (tmp_path / 'token').write_text('s3cret\n')
+    with apiserver.APIServer(token='s3cret') as srv:
+        kubeconfig = tmp_path / 'kubeconfig'
+        kubeconfig.write_text(json.dumps({
+            'apiVersion': 'v1', 'kind': 'Config', 'current-context': 'c',
+            'clusters': [{'name': 'k', 'cluster': {'server': srv.url}}],
+            'users': [{'name': 'u', 'user': {'tokenFile': str(tmp_path / 'token')}}],
+            'contexts': [{'name': 'c', 'context': {'cluster': 'k', 'user': 'u'}}]}))
+        api = apiclient.make_api_client(kubeconfig=str(kubeconfig))
+        try:
+            pods = client.CoreV1Api(api).list_pod_for_all_namespaces(_request_timeout=5)
+        finally:
+            api.close()
+        assert pods.items == []
+        assert srv.requests()[0].headers['authorization'] == 'Bearer s3cret'
+
+
+def test_the_in_cluster_token_is_stripped_and_rotated(tmp_path, monkeypatch):
+    token, ca = tmp_path / 'token', tmp_path / 'ca.crt'
+    token.write_text('s3cret\n')
+    ca.write_text('not used: no request is made\n')
+    monkeypatch.setattr(incluster_config, 'SERVICE_TOKEN_FILENAME', str(token))
+    monkeypatch.setattr(incluster_config, 'SERVICE_CERT_FILENAME', str(ca))
+    monkeypatch.setenv('KUBERNETES_SERVICE_HOST', '192.0.2.1')
+    monkeypatch.setenv('KUBERNETES_SERVICE_PORT', '443')
+    api = apiclient.make_api_client()
+    try:
+        assert api.configuration.host == 'https://192.0.2.1:443'
+        assert api.configuration.auth_settings()['BearerToken']['value'] == 'Bearer s3cret'
+        token.write_text('rotated\n')
+        os.utime(token, ns=(time.time_ns() + 10**9,) * 2)
+        assert api.configuration.auth_settings()['BearerToken']['value'] == 'Bearer rotated'
+    finally:
+        api.close()
+
+
+class LogRecords(logging.Handler):
+    """Every record of every logger, formatted with its traceback, and a wait for one."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.cond = threading.Condition()
+        self.texts = []
+
+    def emit(self, record):
+        with self.cond:
+            self.texts.append(logging.Formatter().format(record))
+            self.cond.notify_all()
+
+    def wait_for(self, substring):
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(substring in t for t in self.texts), WAIT), \
+                'no log line with %r' % substring
+
+    def __enter__(self):
+        root = logging.getLogger()
+        self.root_level = root.level
+        root.setLevel(logging.DEBUG)
+        root.addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        root = logging.getLogger()
+        root.removeHandler(self)
+        root.setLevel(self.root_level)
+
+
+def test_no_failure_path_logs_the_token(tmp_path, harnesses):
+    secret = 'tok-3f9a1c'
+    token = tmp_path / 'token'
+    with LogRecords() as logs, apiserver.APIServer(token=secret) as srv:
+        def watch_until(message, api_root=srv.url):
+            h = Harness(srv, token_file=str(token), backoff_max=0.05)
+            harnesses.append(h)
+            h.api.configuration.host = api_root
+            h.thread.start()
+            logs.wait_for(message)
+            assert h.thread.is_alive()          # logged, and still trying
+            h.close()
+
+        token.write_text(secret[::-1] + '\n')                 # a wrong token: 401
+        watch_until('HTTP 401 Unauthorized: Unauthorized')
+        token.write_text(secret[:4] + '\n' + secret[4:] + '\n')  # urllib3 refuses the header
+        watch_until('could not be sent: ValueError')
+        token.write_text(secret + '\n')                        # the right one: it works
+        with socket.socket() as closed:                         # and nobody listens: refused
+            closed.bind(('127.0.0.1', 0))
+            watch_until('Connection refused', 'http://127.0.0.1:%d' % closed.getsockname()[1])
+        h = Harness(srv, token_file=str(token))
+        harnesses.append(h)
+        h.start()
+        h.wait_for_watch(lambda r: True, 'the watch')
+        srv.create_pod('default', 'elsewhere', 'node-2')
+        srv.restart()                                           # a broken stream, then 410
+        h.sink.wait_for(lambda s: h.restarts[-1:] == ['expired'], 'the relist')
+    text = '\n'.join(logs.texts)
+    assert 'retrying' in text and 'relisting' in text
+    for part in (secret, secret[:4], secret[4:], secret[::-1]):
+        assert part not in text
