@@ -314,7 +314,7 @@ class Registry:
         return manager, cls(manager.PodTable(), manager.BindingTable(), manager.StatusTable(),
                             manager.StaleDelLog())
 
-    # The watcher's sink (kuryr_cni.watcher) --------------------------------
+    # The watcher's sink (kuryr_cni.listwatch) --------------------------------
 
     def replace_pods(self, records):
         self.pods.replace(records)
