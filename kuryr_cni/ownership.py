@@ -420,7 +420,7 @@ class Ownership:
 
     def _save(self, binding):
         self.store.save(binding)
-        self.registry.bindings.put(binding.pod, binding)
+        self.registry.bindings.put(binding.pod, binding.summary())
 
     def _forget(self, binding, remove_lock):
         self.store.remove(binding.pod)

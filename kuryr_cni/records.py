@@ -147,8 +147,9 @@ class Binding:
     def owner_sandbox(self):
         return self.sandboxes.get(self.owner) if self.owner else None
 
-    def attachment_count(self):
-        return sum(len(sandbox.attachments) for sandbox in self.sandboxes.values())
+    def summary(self):
+        return Summary(self.pod, self.owner, tuple(
+            (cid, len(sandbox.attachments)) for cid, sandbox in self.sandboxes.items()))
 
     def to_dict(self):
         return {'format': FORMAT, 'pod': self.pod, 'owner': self.owner, 'uid': self.uid,
@@ -171,6 +172,21 @@ class Binding:
             raise RecordError('owner %r has no sandbox record' % (owner,))
         return cls(pod=pod_key(data.get('pod')), owner=owner,
                    uid=_optional_str(data.get('uid'), 'uid'), sandboxes=sandboxes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Summary:
+    """What the registry keeps of a binding: small, for look-ups by container ID and counts.
+
+    The whole record stays in its file; the registry's values stay small.
+    """
+
+    pod: str
+    owner: str | None
+    sandboxes: tuple = ()       # ((container ID, number of attachments), ...)
+
+    def attachment_count(self):
+        return sum(count for _cid, count in self.sandboxes)
 
 
 def pod_key(value):

@@ -3,9 +3,9 @@
 It holds four small tables:
 
 * ``pods``: what the watcher sees, ``"ns/name" -> {uid, vifs, error, deleting}``;
-* ``bindings``: a mirror of the persisted pod bindings (the files under
-  ``state_dir`` are authoritative; the mirror serves look-ups by container ID,
-  metrics and the operator CLI);
+* ``bindings``: a summary of each persisted pod binding (the files under
+  ``state_dir`` are authoritative and whole; the summaries serve look-ups by
+  container ID and counts);
 * ``status``: daemon health facts (:class:`StatusTable`: processes and their
   heartbeats, watcher sync, ADDs in flight, ...);
 * ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``.
@@ -207,8 +207,8 @@ class StatusTable:
 
 
 class BindingTable(_Table):
-    """Mirror of the persisted bindings (:class:`kuryr_cni.records.Binding`), indexed by
-    container ID."""
+    """Mirror of the persisted bindings as :class:`kuryr_cni.records.Summary` values,
+    indexed by container ID."""
 
     def __init__(self):
         super().__init__()
@@ -232,7 +232,7 @@ class BindingTable(_Table):
     def _put(self, key, value):
         self._unindex(key)
         self._rows[key] = value
-        for container_id in value.sandboxes:
+        for container_id, _count in value.sandboxes:
             self._by_container[container_id] = key
 
     def find_container(self, container_id):
@@ -241,11 +241,11 @@ class BindingTable(_Table):
 
     def count_attachments(self):
         with self._lock:
-            return sum(binding.attachment_count() for binding in self._rows.values())
+            return sum(summary.attachment_count() for summary in self._rows.values())
 
     def _unindex(self, key):
         old = self._rows.get(key)
-        for container_id in (old.sandboxes if old else ()):
+        for container_id, _count in (old.sandboxes if old else ()):
             if self._by_container.get(container_id) == key:
                 del self._by_container[container_id]
 

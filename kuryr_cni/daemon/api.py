@@ -12,6 +12,7 @@ from oslo_log import log as logging
 
 from kuryr_cni import errors
 from kuryr_cni import metrics
+from kuryr_cni import records
 from kuryr_cni.cni import request as cni_request
 from kuryr_cni.daemon import health
 from kuryr_cni.daemon import server
@@ -129,8 +130,9 @@ class CNIApp:
 class InspectApp:
     """Read-only views for ``kuryr-cni-ctl``: ``inspect(path) -> (status, object)``."""
 
-    def __init__(self, registry, version):
+    def __init__(self, registry, store, version):
         self.registry = registry
+        self.store = store          # the bindings, whole, are read from their files
         self.version = version
 
     def inspect(self, path):
@@ -140,16 +142,23 @@ class InspectApp:
                          bindings=self.registry.bindings.size())
             return 200, facts
         if path == '/v1/pods':
-            bindings = sorted(self.registry.bindings.snapshot().values(), key=lambda b: b.pod)
-            return 200, [binding.to_dict() for binding in bindings]
+            bindings = self.store.load_all()
+            return 200, [bindings[key].to_dict() for key in sorted(bindings)]
         if path.startswith('/v1/pods/'):
-            binding = self.registry.bindings.get(path[len('/v1/pods/'):])
+            binding = self._load(path[len('/v1/pods/'):])
             if binding is None:
                 return 404, {'error': 'no binding for pod %s' % path[len('/v1/pods/'):]}
             return 200, binding.to_dict()
         if path == '/v1/stale-dels':
             return 200, self.registry.stale_dels.recent()
         return 404, {'error': 'unknown path %s' % path}
+
+    def _load(self, pod_key):
+        try:
+            records.pod_key(pod_key)
+        except records.RecordError:
+            return None
+        return self.store.load(pod_key)
 
 
 def _valid_attachments(config):

@@ -42,7 +42,7 @@ def restore(ownership, queue, lock_dir):
     queue.remove_temporaries()
     store.migrate_legacy_names(lock_dir)
     bindings = store.load_all()
-    ownership.registry.bindings.replace(bindings)
+    ownership.registry.bindings.replace({key: b.summary() for key, b in bindings.items()})
     unrecorded = find_unrecorded_devices(bindings, ownership.kernel)
     replayed = replay_queue(ownership, queue)
     LOG.info('Recovered %d pod bindings, found %d host devices of unrecorded sandboxes, '
@@ -115,12 +115,13 @@ def resync_mirror(ownership):
                 binding = store.load(pod_key)
                 if binding is None:
                     remove_lock()       # the lock file of a pod without binding is a leftover
-                if binding == mirror.get(pod_key):
+                summary = binding.summary() if binding else None
+                if summary == mirror.get(pod_key):
                     continue
-                if binding is None:
+                if summary is None:
                     mirror.drop(pod_key)
                 else:
-                    mirror.put(pod_key, binding)
+                    mirror.put(pod_key, summary)
                 fixed += 1
         except (errors.TryAgainLater, errors.UnreadableState):
             continue

@@ -83,7 +83,8 @@ class CNIWorker(cotyledon.Service):
         app = api.CNIApp(build_ownership(self.conf, self.registry,
                                          events=build_event_poster(self.conf)),
                          self.registry, self.conf.cni_daemon.request_timeout)
-        handler = api.CNIHandler(app, api.InspectApp(self.registry, version.VERSION))
+        inspect = api.InspectApp(self.registry, app.ownership.store, version.VERSION)
+        handler = api.CNIHandler(app, inspect)
         self.server = server.BoundedServer(self.sock, handler, server_limits(self.conf.cni_daemon),
                                            'cni', admit=listener.refuse_non_root)
         if self.worker_id == 0:

@@ -41,7 +41,7 @@ def attach(owner, pod, cid, ifname='eth0', network=NETWORK, added_at=None):
         network, ifname, [records.Interface(ifname, VIF, True)], state=records.READY,
         added_at=time.time() if added_at is None else added_at, result={})
     owner.store.save(binding)
-    owner.registry.bindings.put(key, binding)
+    owner.registry.bindings.put(key, binding.summary())
 
 
 def attachments(owner):

@@ -25,13 +25,14 @@ def test_resync_makes_the_mirror_equal_the_files(ownership, registry, tmp_path):
     store = ownership.store
     store.save(binding('ns/only-file', 'c1'))           # mirror never written
     store.save(binding('ns/differs', 'c2'))
-    registry.bindings.put('ns/differs', binding('ns/differs', 'c-old'))  # file newer
-    registry.bindings.put('ns/only-mirror', binding('ns/only-mirror', 'c3'))   # file removed
+    registry.bindings.put('ns/differs', binding('ns/differs', 'c-old').summary())  # file newer
+    registry.bindings.put('ns/only-mirror',                              # file removed
+                          binding('ns/only-mirror', 'c3').summary())
     store.save(binding('ns/same', 'c4'))
-    registry.bindings.put('ns/same', binding('ns/same', 'c4'))
+    registry.bindings.put('ns/same', binding('ns/same', 'c4').summary())
 
     assert recovery.resync_mirror(ownership) == 3
-    assert registry.bindings.snapshot() == store.load_all()
+    assert registry.bindings.snapshot() == {k: b.summary() for k, b in store.load_all().items()}
     assert registry.bindings.find_container('c3') is None
     assert registry.bindings.find_container('c2') == 'ns/differs'
     # No lock file is left for the pod that has no binding.
@@ -61,7 +62,7 @@ def test_resync_skips_a_pod_whose_lock_stays_busy(ownership, registry, monkeypat
         release.set()
         holder.join()
     assert registry.bindings.get('ns/busy') is None
-    assert registry.bindings.get('ns/free') == binding('ns/free', 'c2')
+    assert registry.bindings.get('ns/free') == binding('ns/free', 'c2').summary()
 
 
 class ScriptedDeletes:
@@ -128,5 +129,5 @@ def test_housekeeper_resyncs_only_when_asked(ownership, registry, tmp_path):
     assert registry.bindings.get('ns/web') is None        # nobody died: nothing to fix
     registry.status.request_resync()
     keeper.tick()
-    assert registry.bindings.get('ns/web') == binding('ns/web', 'c1')
+    assert registry.bindings.get('ns/web') == binding('ns/web', 'c1').summary()
     assert registry.status.take_resync_request() is False

@@ -124,13 +124,8 @@ def test_synced_flag(reg):
 
 
 def binding(pod, **sandboxes):
-    """A binding whose sandboxes have ``n`` attachments each (``cid=n``)."""
-    def sandbox(cid, n):
-        return records.Sandbox(cid, '/run/netns/x', attachments={
-            ('kuryr', 'eth%d' % i): records.Attachment('kuryr', 'eth%d' % i, [])
-            for i in range(n)})
-    return records.Binding(pod, next(iter(sandboxes), None),
-                           sandboxes={cid: sandbox(cid, n) for cid, n in sandboxes.items()})
+    """The summary of a binding whose sandboxes have ``n`` attachments each (``cid=n``)."""
+    return records.Summary(pod, next(iter(sandboxes), None), tuple(sandboxes.items()))
 
 
 def _child_writes(reg):
@@ -193,8 +188,8 @@ def test_find_container_follows_puts_drops_and_replace(reg):
 
 
 def test_binding_without_sandboxes_is_indexed_as_nothing(reg):
-    reg.bindings.put('demo/a', records.Binding('demo/a'))
-    assert reg.bindings.get('demo/a') == records.Binding('demo/a')
+    reg.bindings.put('demo/a', records.Summary('demo/a', None))
+    assert reg.bindings.get('demo/a') == records.Summary('demo/a', None)
     assert reg.bindings.count_attachments() == 0
 
 
