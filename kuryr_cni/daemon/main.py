@@ -13,6 +13,7 @@ Manager dies, the parent stops gracefully too and exits non-zero
 """
 
 import contextlib
+import ctypes
 import gc
 import multiprocessing
 import os
@@ -38,6 +39,7 @@ from kuryr_cni.daemon import worker
 LOG = logging.getLogger(__name__)
 
 REGISTRY_SOCKET = 'registry.sock'   # the registry Manager's, beside the CNI socket
+M_ARENA_MAX = -8                    # mallopt(3)
 
 
 # Libraries whose debug output would drown ours (pyroute2 logs every netlink message).
@@ -56,6 +58,7 @@ def main(argv=None):
     logging.set_defaults(default_log_levels=logging.get_default_log_levels() + QUIET_LIBRARIES)
     logging.setup(conf, 'kuryr-cni')
     multiprocessing.set_start_method('fork', force=True)
+    _limit_malloc_arenas()
     try:
         return run(conf)
     except listener.UnsafeSetup as exc:
@@ -91,6 +94,18 @@ def run(conf):
         guard.disarm()
         manager.shutdown()
     return 0
+
+
+def _limit_malloc_arenas():
+    """Give every thread of every process one of two glibc malloc arenas.
+
+    By default glibc makes an arena per thread, up to eight per core, and
+    keeps what each frees: a CNI worker's request threads, busy at once under
+    a burst of pod starts, grew it by ~14 MiB that it never gave back. Set
+    before any thread or child exists, so all of them inherit it.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 2)
 
 
 def _registry_socket(run_dir):

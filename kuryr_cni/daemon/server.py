@@ -13,7 +13,10 @@ metrics ports. Whatever clients do, it keeps its size and keeps serving:
   ``Limits.head_timeout`` seconds of the accept, the whole request within
   ``Limits.request_timeout``, and the answer taken within
   ``Limits.write_timeout``; a client that misses its deadline is dropped;
-* complete requests go to ``Limits.threads`` request threads, started once.
+* complete requests go to ``Limits.threads`` request threads, started once,
+  the one idle the shortest first: each thread a request wakes keeps what it
+  built (a netlink handle, a connection to the registry), so a quiet worker
+  keeps a few threads warm rather than warming, and growing, all of them.
   The loop accepts only while one of them is free, so a busy worker leaves
   new connections in the backlog for its siblings sharing the socket.
 
@@ -133,6 +136,31 @@ class DropLog:
             self._since[reason] = (unlogged + 1, logged_at)
 
 
+class _Handoff:
+    """Hands each request to the request thread that went idle last (a stack, not a queue)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle = []                         # mailboxes of idle threads, last in on top
+        self._waiting = collections.deque()     # requests no idle thread was there for
+
+    def put(self, item):
+        with self._lock:
+            if not self._idle:
+                self._waiting.append(item)
+                return
+            mailbox = self._idle.pop()
+        mailbox.put(item)
+
+    def take(self, mailbox):
+        """The next request for the thread owning ``mailbox`` (blocks while there is none)."""
+        with self._lock:
+            if self._waiting:
+                return self._waiting.popleft()
+            self._idle.append(mailbox)
+        return mailbox.get()
+
+
 class BoundedServer:
     """Serve ``sock`` (listening, maybe shared with sibling processes) for ``app``.
 
@@ -153,7 +181,7 @@ class BoundedServer:
         self._deadlines = []     # heap of (deadline, sequence, conn); stale entries skipped
         self._sequence = itertools.count()
         self._busy = 0           # requests handed to the request threads, not yet answered
-        self._requests = queue.SimpleQueue()
+        self._requests = _Handoff()
         self._answered = collections.deque()        # (conn, unsent bytes) from the threads
         self._threads = []
         self._wake_r, self._wake_w = socket.socketpair()
@@ -359,7 +387,8 @@ class BoundedServer:
     # Answering (on the request threads) -------------------------------------------
 
     def _answer_requests(self):
-        while (item := self._requests.get()) is not None:
+        mailbox = queue.SimpleQueue()
+        while (item := self._requests.take(mailbox)) is not None:
             conn, request = item
             try:
                 response = self.app.answer(request)
