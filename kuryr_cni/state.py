@@ -16,9 +16,10 @@ directory, fsync, rename, fsync of the directory, and the temporary file is
 removed when any step fails. Readers therefore see the old or the new binding,
 never half of one. A temporary file that a killed writer left is removed at
 start-up, whoever wrote it (:meth:`BindingStore.remove_temporaries`; pids are
-reused, so a pid says nothing after a restart), and later once it is a minute
-old; the shims' temporary files in the DEL queue are removed at a minute old
-too, since a shim may be writing one while the daemon starts.
+reused, so a pid says nothing after a restart), and while running as soon as
+its writer has died, or once it is a minute old whatever its pid; the shims'
+temporary files in the DEL queue are removed at a minute old, since a shim may
+be writing one while the daemon starts, from another pid namespace.
 
 A file that is not a valid record (not JSON, not the declared shape, another
 pod's record, a directory) is moved aside to ``<name>.corrupt-<time_ns>``,
@@ -178,9 +179,14 @@ class BindingStore:
     def _set_aside(self, name, why):
         set_aside(os.path.join(self.directory, name), why, 'binding')
 
-    def remove_temporaries(self, min_age=0):
-        """Remove temporary files of writes that never finished, whoever made them."""
-        return remove_temporaries(self.directory, min_age)
+    def remove_temporaries(self, while_running=False):
+        """Remove temporary files of writes that never finished.
+
+        At start-up, when no daemon process writes, every one; while running,
+        those whose writer no longer runs, and any a minute old whatever its
+        pid says (pids are reused).
+        """
+        return remove_temporaries(self.directory, _written_now if while_running else None)
 
     def migrate_legacy_names(self, lock_dir):
         """Rename bindings of kuryr-cni 0.1.0 (``<namespace>_<name>.json``) to digests.
@@ -268,13 +274,20 @@ class DelQueue:
     def set_aside(path, why):
         set_aside(path, why, 'del_queue')
 
-    def remove_temporaries(self, min_age=TEMPORARY_AGE):
-        """Remove the temporary files of shims that died while queueing a DEL."""
-        return remove_temporaries(self.directory, min_age)
+    def remove_temporaries(self):
+        """Remove the temporary files of shims that died while queueing a DEL.
+
+        Only once a minute old: a shim may be writing one right now, from
+        another pid namespace, so its pid tells nothing.
+        """
+        return remove_temporaries(self.directory, lambda name, age: age < TEMPORARY_AGE)
 
 
-def remove_temporaries(directory, min_age):
-    """Remove ``.*.tmp`` files of ``directory`` at least ``min_age`` s old; returns how many."""
+def remove_temporaries(directory, keep=None):
+    """Remove ``.*.tmp`` files of ``directory`` but those ``keep(name, age)`` keeps.
+
+    Returns how many were removed.
+    """
     removed = 0
     now = time.time()
     for name in os.listdir(directory):
@@ -282,12 +295,28 @@ def remove_temporaries(directory, min_age):
             continue
         path = os.path.join(directory, name)
         with contextlib.suppress(FileNotFoundError):
-            if min_age and now - os.lstat(path).st_mtime < min_age:
+            if keep is not None and keep(name, now - os.lstat(path).st_mtime):
                 continue
             os.unlink(path)
             LOG.info('Removed %s, left by a write that never finished', path)
             removed += 1
     return removed
+
+
+def _written_now(name, age):
+    """Whether a daemon process may still be writing temporary file ``name``."""
+    pid = name[:-len('.tmp')].rpartition('.')[2]
+    return age < TEMPORARY_AGE and pid.isdigit() and _running(int(pid))
+
+
+def _running(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True         # someone else's process, or no pid at all: not ours to judge
+    return True
 
 
 def set_aside(path, why, kind):

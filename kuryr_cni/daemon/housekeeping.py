@@ -10,9 +10,9 @@ socket opens. Three of its steps are needed again later:
   a binding file and updating its mirror leaves the mirror behind the file.
   The parent asks for it after every CNI worker death
   (:meth:`kuryr_cni.registry.StatusTable.request_resync`);
-* removing the temporary files of state writes that never finished (a worker
-  or shim killed mid-write), once they are :data:`kuryr_cni.state.TEMPORARY_AGE`
-  seconds old.
+* removing the temporary files of state writes that never finished: a
+  worker's once it has died, a shim's once it is a minute old
+  (:meth:`kuryr_cni.state.BindingStore.remove_temporaries`).
 
 Every ``interval`` seconds the thread does all three, with the normal ownership
 rules and pod locks, so it is idempotent and safe next to live requests. Only
@@ -24,7 +24,6 @@ import threading
 
 from oslo_log import log as logging
 
-from kuryr_cni import state
 from kuryr_cni.daemon import recovery
 
 LOG = logging.getLogger(__name__)
@@ -72,7 +71,7 @@ class Housekeeper:
         if self.ownership.registry.status.take_resync_request():
             recovery.resync_mirror(self.ownership)
         # A killed writer's leftovers; a write in progress is never this old.
-        self.ownership.store.remove_temporaries(state.TEMPORARY_AGE)
+        self.ownership.store.remove_temporaries(while_running=True)
         self.queue.remove_temporaries()
         replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop)
         if replayed:

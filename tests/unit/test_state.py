@@ -290,14 +290,26 @@ def test_a_legacy_file_under_another_pods_name_is_set_aside(tmp_path):
 
 # -- temporary files and disk faults (issue 13 item 8) --------------------------------
 
+def dead_pid():
+    """A pid no process can have: above the kernel's pid_max."""
+    with open('/proc/sys/kernel/pid_max') as f:
+        return int(f.read()) + 1
+
+
 def test_temporaries_are_removed_whoever_wrote_them(store, tmp_path):
     bindings = tmp_path / 'bindings'
-    # One of this very process (a live pid), one of a pid long reused.
+    # One of this very process (a live pid, writing now), one of a dead writer,
+    # one of a live pid but an hour old (its pid reused since).
     (bindings / ('.x.json.%d.tmp' % os.getpid())).write_bytes(b'{"pod": "de')
-    (bindings / '.y.json.1.tmp').write_bytes(b'{"pod": "de')
+    (bindings / ('.y.json.%d.tmp' % dead_pid())).write_bytes(b'{"pod": "de')
+    old = bindings / '.z.json.1.tmp'
+    old.write_bytes(b'{"pod": "de')
+    os.utime(old, (os.stat(old).st_mtime - 3600,) * 2)
     store.save(binding())
-    assert store.remove_temporaries(min_age=60) == 0       # too young while running
-    assert store.remove_temporaries() == 2                  # at start-up: every one
+    assert store.remove_temporaries(while_running=True) == 2
+    assert listing(bindings) == ['.x.json.%d.tmp' % os.getpid(),
+                                 state.file_stem('demo/web-0') + '.json']
+    assert store.remove_temporaries() == 1                  # at start-up: every one
     assert listing(bindings) == [state.file_stem('demo/web-0') + '.json']
 
 
