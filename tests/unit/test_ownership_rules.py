@@ -19,6 +19,7 @@ side is tested in tests/unit/test_monitoring.py and the functional tests).
 import concurrent.futures
 import dataclasses
 import json
+import time
 
 import pytest
 
@@ -131,6 +132,10 @@ class World:
         self.in_flight[cid] = self.pool.submit(self.request, 'ADD', cid, uid)
         wait.until(lambda: self.owner() == cid and cid in self.registry.status.adds_since(0),
                    what='the ADD of %s to claim the pod' % cid)
+        # Claimed: its evictions (devices, metrics) happen under the pod's lock,
+        # which it lets go only to wait for its VIFs.
+        with self.ownership.locks.hold(POD, time.monotonic() + 10):
+            pass
 
     def add_beside_in_flight(self, cid, **opts):
         """An ADD sent while another waits for VIFs: it claims, then the VIFs come."""
