@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from tests import wait
 from tools.testbed import apiserver
 
 NOT_FOUND = ('GET', '/api/v1/namespaces/default/pods/nope')
@@ -90,13 +91,24 @@ def test_the_same_bookmark(cluster, standin):
     when the version moved past the watch's start (here: another node's pod).
 
     kube-apiserver sends one, sometimes a second a second later (its timer ticks
-    every second, with jitter); the stand-in one.
+    every second, with jitter); the stand-in one. kube-apiserver sends none to
+    a watch that has already passed the version (an event replayed at its
+    start counts), and drops a watch from its bookmark timer for good when a
+    tick finds its watch cache has dispatched nothing since it started: so a
+    first pod is in the watch cache before the watch opens, and the pod that
+    moves the version is created only once the watch is being served.
     """
     path = ('/api/v1/pods?watch=1&allowWatchBookmarks=true&timeoutSeconds=4'
             '&fieldSelector=spec.nodeName%3Dbookmark-node&resourceVersion=')
     quiet = ask_standin(standin, 'GET', path + standin.resource_version, token=cluster.token())
     assert quiet == (200, b'')
+    cluster.create_pod('default', 'bookmark-warm-up', 'another-node')
+    wait.until(lambda: _in_watch_cache(cluster, 'bookmark-warm-up'), 30,
+               'the first pod in kube-apiserver\'s watch cache')
+    watches = cluster.open_pod_watches()
     real = cluster.submit(cluster.raw, 'GET', path + cluster.resource_version())
+    # Counted only once the watcher is registered (the gauge wraps serving it).
+    wait.until(lambda: cluster.open_pod_watches() > watches, 30, 'the watch to be served')
     cluster.create_pod('default', 'bookmarked-1', 'another-node')
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         ours = pool.submit(ask_standin, standin, 'GET', path + standin.resource_version,
@@ -111,3 +123,10 @@ def test_the_same_bookmark(cluster, standin):
     for event in real_events + our_events:
         event['object']['metadata']['resourceVersion'] = 'N'
     assert our_events == real_events[:1]
+
+
+def _in_watch_cache(cluster, name):
+    """Whether a list served by the watch cache (``resourceVersion=0``) holds pod ``name``."""
+    status, body = cluster.raw('GET', '/api/v1/pods?resourceVersion=0'
+                                      '&fieldSelector=metadata.name%%3D%s' % name)
+    return status == 200 and json.loads(body)['items']
