@@ -21,10 +21,10 @@ the pair: moving a device between namespaces afterwards costs the kernel
 
 Per connect: one opening of the pod namespace (checked, then used both for
 the netlink socket and as ``net_ns_fd``), and netlink round trips: host side
-bridge lookup, veth creation (echoed, which gives both indexes), owner alias
-with IPv6 address generation off, link up; pod side IPv6 address generation
-off (for a VIF without IPv6 addresses), link up, ``lo`` up, one per address
-and one per route.
+bridge lookup, veth creation (echoed, which gives both indexes), then owner
+alias, IPv6 address generation off and link up in one; pod side IPv6 address
+generation off (for a VIF without IPv6 addresses), link up, ``lo`` up, one
+per address and one per route.
 """
 
 import contextlib
@@ -181,11 +181,14 @@ class BridgeDriver(base.Driver):
         return reply
 
     def _finish_host_end(self, host, index, host_name, owner):
-        """Tag the host end with its owner, without IPv6 addresses, and bring it up."""
-        with netns.kernel_errors('set owner alias on %s' % host_name):
-            podside.set_without_ipv6_addresses(host, index, ifalias=owner)
-        with netns.kernel_errors('bring up %s' % host_name):
-            host.link('set', index=index, state='up')
+        """Tag the host end with its owner, without IPv6 addresses, and bring it up.
+
+        One request: the kernel turns address generation off after bringing
+        the link up, which is in time only because the pod end is still down
+        (no carrier, so no link-local address yet).
+        """
+        with netns.kernel_errors('tag and bring up %s' % host_name):
+            podside.set_without_ipv6_addresses(host, index, ifalias=owner, state='up')
 
     def _indexes(self, host, reply, host_name):
         """(host index, pod index) of the new pair, from the echoed creation."""
