@@ -3,8 +3,9 @@
 A driver turns one VIF (:class:`kuryr_cni.vif.VIF`) into one interface of
 one sandbox (:class:`Plug`) and back: :meth:`Driver.connect`,
 :meth:`Driver.disconnect`, :meth:`Driver.check`. Drivers hold no state
-between calls except their configuration, so one instance serves every
-thread of a worker. They reach namespaces only through
+between calls except their configuration and what they may look up again
+(a bridge, an OVSDB connection), so one instance serves every thread of a
+worker. They reach namespaces only through
 :mod:`kuryr_cni.netns`, and they judge ownership of host-side devices only by
 the owner tag (:mod:`kuryr_cni.binding.owner_tag`), never by pod name.
 Drivers know nothing of pods, registries or the CNI protocol.

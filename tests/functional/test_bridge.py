@@ -314,6 +314,34 @@ def test_connect_uses_existing_bridge_as_it_is(host_ns, pod_ns, driver):
     assert host_ns.addresses(BRIDGE) == {GATEWAY4 + '/24', GATEWAY6 + '/64'}
 
 
+def test_a_bridge_made_anew_within_the_trusted_second_is_found(netns_factory, pod_ns):
+    node = netns_factory()
+    driver = bridge.BridgeDriver(host_netns=node.path)
+    first, second = pod_ns().plug(container_id='first'), pod_ns().plug(container_id='second')
+    driver.connect(make_vif(), first)                      # makes the bridge, remembers it
+    old_index = node.link(BRIDGE)['ifindex']
+    node.ip('link', 'del', BRIDGE)
+    node.ip('link', 'add', BRIDGE, 'type', 'bridge')
+
+    driver.connect(make_vif(6), second)                     # the remembered index names nothing
+
+    assert node.link(BRIDGE)['ifindex'] != old_index
+    assert host_device(node, second)['master'] == BRIDGE
+    driver.check(make_vif(6), second)
+
+
+def test_a_bridge_mtu_raised_within_the_trusted_second_is_seen(host_ns, pod_ns, driver):
+    host_ns.ip('link', 'set', BRIDGE, 'mtu', str(MTU - 50))
+    with pytest.raises(errors.InvalidVIF, match='MTU'):
+        driver.connect(make_vif(), pod_ns().plug(container_id='too-big'))
+    host_ns.ip('link', 'set', BRIDGE, 'mtu', str(MTU))
+    plug = pod_ns().plug()
+
+    driver.connect(make_vif(), plug)
+
+    driver.check(make_vif(), plug)
+
+
 def test_connect_refuses_a_device_that_is_no_bridge(host_ns, pod_ns):
     host_ns.ip('link', 'add', 'notabr', 'type', 'veth', 'peer', 'name', 'notabr1')
     driver = bridge.BridgeDriver(host_netns=host_ns.path)
