@@ -20,13 +20,26 @@ def error_text(exc):
     return '%s: %s' % (exc.msg, exc.details) if exc.details else exc.msg
 
 
-def list_node_pods(api_client, node_name):
-    """The list call of the pods of ``node_name``: a field selector, so that the API
-    server sends no other node's pod (and dispatches their events to no other watch)."""
-    return functools.partial(client.CoreV1Api(api_client).list_pod_for_all_namespaces,
-                             field_selector='spec.nodeName=%s' % node_name)
+class NodePods:
+    """The pods of one node, as a source: subclasses say what record each one makes.
 
+    The list is by field selector (``spec.nodeName``), so that the API server
+    sends no other node's pod (and dispatches their events to no other watch);
+    a pod of another node that comes anyway is no record (None).
+    """
 
-def on_node(pod, node_name):
-    spec = pod.get('spec')
-    return isinstance(spec, dict) and spec.get('nodeName') == node_name
+    def __init__(self, api_client, node_name):
+        self.node_name = node_name
+        self.what = 'pods of node %s' % node_name
+        self.request = functools.partial(
+            client.CoreV1Api(api_client).list_pod_for_all_namespaces,
+            field_selector='spec.nodeName=%s' % node_name)
+
+    def record(self, pod):
+        spec = pod.get('spec')
+        if not isinstance(spec, dict) or spec.get('nodeName') != self.node_name:
+            return None
+        return self.pod_record(pod)
+
+    def pod_record(self, pod):
+        raise NotImplementedError

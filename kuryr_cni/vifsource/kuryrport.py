@@ -75,23 +75,15 @@ class KuryrPorts:
                 'deleting': bool(port['metadata'].get('deletionTimestamp'))}
 
 
-class PodPresence:
+class PodPresence(vifsource.NodePods):
     """This node's pods, for their existence alone.
 
-    Reads the pods with ``spec.nodeName`` equal to ``node_name`` (a field
-    selector): of each, ``metadata.uid`` and ``metadata.deletionTimestamp``.
-    Reports ``{uid, deleting}``; a pod of another node is no record (None).
-    Annotations are not read: with this source they carry nothing.
+    Reads of each pod ``metadata.uid`` and ``metadata.deletionTimestamp``, and
+    reports ``{uid, deleting}``. Annotations are not read: with this source
+    they carry nothing.
     """
 
-    def __init__(self, api_client, node_name):
-        self.node_name = node_name
-        self.what = 'pods of node %s' % node_name
-        self.request = vifsource.list_node_pods(api_client, node_name)
-
-    def record(self, pod):
-        if not vifsource.on_node(pod, self.node_name):
-            return None
+    def pod_record(self, pod):
         meta = pod['metadata']
         return {'uid': meta['uid'], 'deleting': bool(meta.get('deletionTimestamp'))}
 
