@@ -31,6 +31,7 @@ route.
 import contextlib
 import errno
 import time
+import typing
 
 from oslo_log import log as logging
 from pyroute2.netlink.exceptions import NetlinkError
@@ -54,6 +55,11 @@ DELETED, ABSENT, FOREIGN = podside.DELETED, podside.ABSENT, podside.FOREIGN
 BRIDGE_TRUSTED_FOR = 1.0
 
 
+class _Bridge(typing.NamedTuple):
+    index: int
+    mtu: int | None
+
+
 class BridgeDriver(base.Driver):
     """Connects ``bridge`` VIFs: veth into the Linux bridge ``vif.bridge``."""
 
@@ -62,7 +68,7 @@ class BridgeDriver(base.Driver):
 
     def __init__(self, host_netns=None, options=None):
         super().__init__(host_netns, options)
-        self._bridges = {}      # name -> (link message, monotonic time it is trusted until)
+        self._bridges = {}      # name -> (_Bridge, monotonic time it is trusted until)
 
     def connect(self, vif, plug):
         """Create the veth pair, enslave the host end, configure the pod end.
@@ -78,9 +84,9 @@ class BridgeDriver(base.Driver):
                 netns.iproute(self.host_netns, echo=True) as host, \
                 netns.iproute(pod_fd) as pod:
             bridge = self._bridge(host, vif)
-            base.check_mtu(vif, bridge.get('mtu'), 'bridge %s' % vif.bridge)
+            base.check_mtu(vif, bridge.mtu, 'bridge %s' % vif.bridge)
             reply = self._create_veth(
-                host, pod, pod_fd, host_name, owner, bridge['index'], vif, plug)
+                host, pod, pod_fd, host_name, owner, bridge.index, vif, plug)
             try:
                 host_index, pod_index = self._indexes(host, reply, host_name)
                 self._finish_host_end(host, host_index, host_name, owner)
@@ -137,20 +143,22 @@ class BridgeDriver(base.Driver):
     # -- connect steps -----------------------------------------------------
 
     def _bridge(self, host, vif):
-        """The link message of bridge ``vif.bridge``, remembered or looked up (or made).
+        """The index and MTU of bridge ``vif.bridge``, remembered or looked up (or made).
 
         A bridge looked up less than BRIDGE_TRUSTED_FOR ago is used as it was
         then if its index still names it (indexes are not reused soon) and
         its MTU was large enough for ``vif`` (it may have been raised since).
         """
-        remembered = self._bridges.get(vif.bridge)
-        if remembered and time.monotonic() < remembered[1] \
-                and (remembered[0].get('mtu') or 0) >= vif.mtu \
-                and netns.link_name(remembered[0]['index'], self.host_netns) == vif.bridge:
-            return remembered[0]
+        remembered, until = self._bridges.get(vif.bridge, (None, 0))
+        if time.monotonic() < until and (remembered.mtu or 0) >= vif.mtu \
+                and netns.link_name(remembered.index, self.host_netns) == vif.bridge:
+            return remembered
         link = self._ensure_bridge(host, vif.bridge)
-        self._bridges[vif.bridge] = (link, time.monotonic() + BRIDGE_TRUSTED_FOR)
-        return link
+        # Plain values: pyroute2 decodes a message's attributes when first read,
+        # which threads sharing one message could see half done.
+        bridge = _Bridge(link['index'], link.get('mtu'))
+        self._bridges[vif.bridge] = (bridge, time.monotonic() + BRIDGE_TRUSTED_FOR)
+        return bridge
 
     def _ensure_bridge(self, host, name):
         """Return the link message of bridge ``name``, creating it when missing."""
