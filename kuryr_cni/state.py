@@ -236,7 +236,7 @@ def queued_del_count(state_dir):
         names = os.listdir(os.path.join(state_dir, DEL_QUEUE))
     except FileNotFoundError:
         return 0
-    return sum(1 for name in names if name.endswith('.json') and not name.startswith('.'))
+    return sum(1 for name in names if _QUEUE_ENTRY.match(name))
 
 
 class DelQueue:
@@ -260,10 +260,6 @@ class DelQueue:
                 self.set_aside(path, exc)
                 continue
             yield path, body
-
-    def size(self):
-        """How many complete entries wait."""
-        return sum(1 for name in os.listdir(self.directory) if _QUEUE_ENTRY.match(name))
 
     @staticmethod
     def done(path):

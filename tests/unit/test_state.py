@@ -345,11 +345,12 @@ def test_del_queue_yields_complete_entries_oldest_first(tmp_path):
     queue_entry(d, live_tmp, {'CNI_CONTAINERID': 'tmp'})
     queue_entry(d, '.1733140000000000001-5.json', {'CNI_CONTAINERID': 'hidden'})
     queue_entry(d, '1733140000000000002-5.json.corrupt-1', {'CNI_CONTAINERID': 'old'})
+    queue_entry(d, 'stray.json', {'CNI_CONTAINERID': 'stray'})
     got = [(os.path.basename(p), b['CNI_CONTAINERID']) for p, b in queue.entries()]
     assert got == [('1733140000100000000-99.json', 'c1'),
                    ('1733140000200000000-12.json', 'c2'),
                    ('1733140000300000000-77.json', 'c3')]
-    assert queue.size() == 3
+    assert state.queued_del_count(str(tmp_path)) == 3
     # reading does not consume, and the temporary files are left to their writer
     assert len(list(queue.entries())) == 3
     assert live_tmp in listing(d)
