@@ -4,6 +4,7 @@ The build is what ``tox -e docs`` runs, into a temporary directory; it is
 skipped when Sphinx is not installed (``pip install -r doc/requirements.txt``).
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -100,7 +101,9 @@ def test_the_build_fails_loudly_when_the_option_reference_is_empty(tmp_path):
     proc = subprocess.run([sys.executable, '-c', _BUILD_WITHOUT_THE_ENTRY_POINT, '-q',
                            '-b', 'html', '-d', str(tmp_path / 'doctrees'), str(SOURCE),
                            str(tmp_path / 'html')],
-                          capture_output=True, text=True, timeout=300, cwd=str(REPO))
+                          capture_output=True, text=True, timeout=300, cwd=str(REPO),
+                          # Sphinx writes its crash report to a temporary file: keep it here.
+                          env={**os.environ, 'TMPDIR': str(tmp_path)})
     assert proc.returncode != 0
     assert 'the configuration reference lacks' in proc.stderr
     assert 'install kuryr-cni too' in proc.stderr
