@@ -87,7 +87,24 @@ binding_opts = [
     cfg.StrOpt('ovsdb_connection', default='unix:/run/openvswitch/db.sock',
                help='OVSDB server connection used by the ovs binding.'),
     cfg.StrOpt('link_iface', default=None,
-               help='Default parent interface of vlan and macvlan VIFs that name none.'),
+               help='Parent interface of vlan and macvlan VIFs that name none. '
+                    'Unset, it is found as kuryr-kubernetes finds it: the interface '
+                    'holding the address kubelet listens on (port 10250), else the '
+                    'first interface that is not a loopback.'),
+    cfg.ListOpt('bridges', default=['kuryr-br0', 'br-int', 'qbr*'],
+                help='The bridges a VIF may name, as names or shell patterns '
+                     '(fnmatch: *, ?, [...]). A bridge or ovs VIF naming a bridge '
+                     'that matches none, or an ovs-hybrid VIF whose per-port qbr '
+                     'bridge or integration bridge matches none, is refused (CNI '
+                     'code 7) before anything is changed. The daemon never creates '
+                     'these bridges (only the per-port qbr bridge of an ovs-hybrid '
+                     'VIF, created and removed with its port); they must exist.'),
+    cfg.ListOpt('parents', default=[],
+                help='Parent interfaces a vlan or macvlan VIF may name besides '
+                     'link_iface, as names or shell patterns. A VIF naming any '
+                     'other parent is refused (CNI code 7) before anything is '
+                     'changed; a VIF naming none uses link_iface (or the interface '
+                     'found in its place).'),
     cfg.StrOpt('ipv6_link_local', default='with-ipv6', choices=[
         ('with-ipv6', 'only pod interfaces whose VIF has an IPv6 address get one'),
         ('always', 'every pod interface gets one, as the kernel would')],

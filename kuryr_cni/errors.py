@@ -96,3 +96,12 @@ class BindingFailed(CNIError):
     """The kernel refused to plug or unplug an interface."""
 
     code, http_status = 101, 500
+
+
+class VIFNotAllowed(InvalidVIF):
+    """A VIF the operator's binding policy refuses (``[binding] bridges``,
+    ``parents``): refused before anything is changed."""
+
+
+class AddressTaken(VIFNotAllowed):
+    """A VIF's IP or MAC is bound to another live pod of the node."""

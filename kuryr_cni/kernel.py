@@ -18,6 +18,7 @@ from kuryr_cni import netns
 from kuryr_cni import podview
 from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
+from kuryr_cni.binding import policy
 
 
 class Kernel:
@@ -52,6 +53,14 @@ class Kernel:
         return podview.observe(path, host=self.host_netns)
 
     # Plugging, through the driver of the VIF's kind --------------------------------
+
+    def admit(self, vif):
+        """Raise VIFNotAllowed when the node's binding policy refuses ``vif``.
+
+        Asked before anything is claimed or plugged (:mod:`kuryr_cni.binding.policy`);
+        touches nothing.
+        """
+        policy.refuse_unlisted(vif, self.binding_options or drivers.Options())
 
     def connect(self, vif, plug):
         self._driver(vif.kind).connect(vif, plug)

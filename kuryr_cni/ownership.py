@@ -69,6 +69,8 @@ class Ownership:
                 try:
                     self._refuse_moved_sandbox(binding, req)
                     free_names = self._refuse_foreign_ifname(binding, req)
+                    if vifs is not None:
+                        self._admit(req, vifs, deadline)
                 except errors.CNIError:
                     if not binding.sandboxes:
                         remove_lock()   # a refused first ADD leaves no trace
@@ -94,9 +96,11 @@ class Ownership:
                     raise errors.TryAgainLater(
                         'sandbox %s was replaced by %s while waiting for VIFs'
                         % (req.container_id, binding.owner))
+                self._admit(req, vifs, deadline)
                 return self._plug(binding, req, vifs)
         finally:
             self.registry.status.add_finished(req.container_id)
+            self.registry.bindings.release_addresses(req.container_id)
 
     def _wait(self, pod, deadline, what, ready):
         """Poll the registry until ``pod``'s record satisfies ``ready``.
@@ -133,6 +137,32 @@ class Ownership:
                                            % (what, pod.key, _uid_note(pod)))
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
+
+    def _admit(self, req, vifs, deadline):
+        """Refuse VIFs the node's binding policy forbids, or whose MAC or IP another
+        pod of the node holds; else reserve those addresses for this ADD.
+
+        Asked before the claim, so a refused ADD changes nothing (DESIGN §4.3).
+        The reservation makes the address check and the recording of the
+        attachment one step for other pods' ADDs (they see one or the other);
+        it ends when this ADD does.
+        """
+        try:
+            for vif in vifs.values():
+                self.kernel.admit(vif)
+            addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
+            taken = self.registry.bindings.reserve_addresses(
+                req.container_id, req.pod.key, addresses, deadline)
+            if taken:
+                # The error reaches the pod's Events: it names no other pod.
+                LOG.warning('Pod %s: %s', req.pod.key, ', '.join(
+                    '%s is bound to pod %s' % item for item in sorted(taken.items())))
+                raise errors.AddressTaken('%s bound to another pod of this node'
+                                          % ', '.join(sorted(taken)))
+        except errors.VIFNotAllowed as exc:
+            LOG.warning('Refused ADD of pod %s, sandbox %s: %s (%s)',
+                        req.pod.key, req.container_id, exc.msg, exc.details)
+            raise
 
     def _refuse_moved_sandbox(self, binding, req):
         """Refuse an ADD naming another namespace than its sandbox's record.

@@ -149,7 +149,16 @@ class Binding:
 
     def summary(self):
         return Summary(self.pod, self.owner, tuple(
-            (cid, len(sandbox.attachments)) for cid, sandbox in self.sandboxes.items()))
+            (cid, len(sandbox.attachments)) for cid, sandbox in self.sandboxes.items()),
+            self.addresses())
+
+    def addresses(self):
+        """The MACs and IPs (without prefix length) of every interface any sandbox
+        of the pod has plugged or is plugging: what no other pod may be given."""
+        return frozenset(address for sandbox in self.sandboxes.values()
+                         for attachment in sandbox.attachments.values()
+                         for interface in attachment.interfaces
+                         for address in vif_addresses(interface.vif))
 
     def to_dict(self):
         return {'format': FORMAT, 'pod': self.pod, 'owner': self.owner, 'uid': self.uid,
@@ -184,9 +193,15 @@ class Summary:
     pod: str
     owner: str | None
     sandboxes: tuple = ()       # ((container ID, number of attachments), ...)
+    addresses: frozenset = frozenset()     # MACs and IPs its interfaces hold (vif_addresses)
 
     def attachment_count(self):
         return sum(count for _cid, count in self.sandboxes)
+
+
+def vif_addresses(vif):
+    """The MAC and the IPs (without prefix length) a VIF gives its interface."""
+    return (vif.mac, *(ip.partition('/')[0] for ip in vif.ips))
 
 
 def pod_key(value):

@@ -5,7 +5,8 @@ It holds four small tables:
 * ``pods``: what the watcher sees, ``"ns/name" -> {uid, vifs, error, deleting}``;
 * ``bindings``: a summary of each persisted pod binding (the files under
   ``state_dir`` are authoritative and whole; the summaries serve look-ups by
-  container ID and counts);
+  container ID and by address, and counts), and the addresses ADDs in flight
+  reserved;
 * ``status``: daemon health facts (:class:`StatusTable`: processes and their
   heartbeats, watcher sync, ADDs in flight, ...);
 * ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``.
@@ -208,11 +209,14 @@ class StatusTable:
 
 class BindingTable(_Table):
     """Mirror of the persisted bindings as :class:`kuryr_cni.records.Summary` values,
-    indexed by container ID."""
+    indexed by container ID and by the MACs and IPs they hold; and the addresses
+    ADDs in flight have reserved (:meth:`reserve_addresses`)."""
 
     def __init__(self):
         super().__init__()
         self._by_container = {}
+        self._by_address = {}       # MAC or IP -> {pod key}
+        self._reserved = {}         # container ID -> (pod key, addresses, time.monotonic() limit)
 
     def put(self, key, value):
         with self._lock:
@@ -225,7 +229,7 @@ class BindingTable(_Table):
 
     def replace(self, rows):
         with self._lock:    # one atomic update: no reader sees a half-filled table
-            self._rows, self._by_container = {}, {}
+            self._rows, self._by_container, self._by_address = {}, {}, {}
             for key, value in rows.items():
                 self._put(key, value)
 
@@ -234,6 +238,41 @@ class BindingTable(_Table):
         self._rows[key] = value
         for container_id, _count in value.sandboxes:
             self._by_container[container_id] = key
+        for address in value.addresses:
+            self._by_address.setdefault(address, set()).add(key)
+
+    def reserve_addresses(self, container_id, pod, addresses, until):
+        """Reserve ``addresses`` (MACs, IPs) for the ADD of ``container_id`` to pod ``pod``
+        until ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
+
+        Another pod holds an address when its binding records an interface
+        with it, or its ADD in flight reserved it. Returns ``{address: that
+        pod}``, empty when the reservation was made. One call, so of two ADDs
+        racing for one address only one can win. The reservation ends with
+        :meth:`release_addresses` or at ``until`` (a worker that died).
+        """
+        addresses = frozenset(addresses)
+        with self._lock:
+            now = time.monotonic()
+            for cid in [c for c, (_, _, limit) in self._reserved.items() if limit <= now]:
+                del self._reserved[cid]
+            taken = {}
+            for address in sorted(addresses):
+                holders = self._by_address.get(address, set()) - {pod}
+                if holders:
+                    taken[address] = min(holders)
+            for other, reserved, _ in self._reserved.values():
+                if other != pod:
+                    for address in reserved & addresses:
+                        taken.setdefault(address, other)
+            if not taken:
+                self._reserved[container_id] = (pod, addresses, until)
+            return taken
+
+    def release_addresses(self, container_id):
+        """End the reservation of ``container_id``'s ADD (none: nothing happens)."""
+        with self._lock:
+            self._reserved.pop(container_id, None)
 
     def find_container(self, container_id):
         with self._lock:
@@ -248,6 +287,12 @@ class BindingTable(_Table):
         for container_id, _count in (old.sandboxes if old else ()):
             if self._by_container.get(container_id) == key:
                 del self._by_container[container_id]
+        for address in (old.addresses if old else ()):
+            holders = self._by_address.get(address)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self._by_address[address]
 
 
 class StaleDelLog:

@@ -14,7 +14,9 @@ import re
 from kuryr_cni import errors
 
 ANNOTATION = 'kuryr.openstack.org/vifs'
-KINDS = ('bridge', 'ovs', 'vlan', 'macvlan')
+KINDS = ('bridge', 'ovs', 'ovs-hybrid', 'vlan', 'macvlan')
+BRIDGED_KINDS = ('bridge', 'ovs', 'ovs-hybrid')     # kinds that name a bridge
+NESTED_KINDS = ('vlan', 'macvlan')                  # kinds that hang off a parent
 MAX_ANNOTATION_BYTES = 64 * 1024
 MAX_INTERFACES = 16
 MAX_ROUTES = 64
@@ -47,15 +49,23 @@ class VIF:
     routes: tuple = ()
     active: bool = False
     default: bool = False
-    bridge: str | None = None    # bridge and ovs kinds
+    bridge: str | None = None    # bridge and ovs kinds; ovs-hybrid: its port's qbr bridge
     parent: str | None = None    # vlan and macvlan kinds
     vlan_id: int | None = None   # vlan kind
+    integration_bridge: str | None = None   # ovs-hybrid kind: the OVS bridge (br-int)
+
+    @property
+    def bridges(self):
+        """Every bridge this VIF names (what ``[binding] bridges`` must allow)."""
+        return tuple(b for b in (self.bridge, self.integration_bridge) if b is not None)
 
     def to_dict(self):
         d = dataclasses.asdict(self)
         d['ips'] = list(self.ips)
         d['gateways'] = list(self.gateways)
         d['routes'] = [dataclasses.asdict(r) for r in self.routes]
+        if d['integration_bridge'] is None:
+            del d['integration_bridge']     # records of other kinds stay as before it existed
         return d
 
     @classmethod
@@ -68,6 +78,17 @@ class VIF:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(VIF))
+# Fields added after records were first written: a record may lack them.
+_LATER_FIELDS = frozenset({'integration_bridge'})
+
+# Neutron and os-vif name a hybrid-plugged port's devices after its ID, cut to
+# 14 characters: the qbr bridge, and the qvb (in the qbr) / qvo (on OVS) veth pair.
+HYBRID_NAME_LEN = 14
+
+
+def hybrid_device_name(prefix, port_id):
+    """The name of a hybrid-plugged port's ``qbr``, ``qvb`` or ``qvo`` device."""
+    return (prefix + port_id)[:HYBRID_NAME_LEN]
 
 
 def from_record(data):
@@ -76,7 +97,7 @@ def from_record(data):
     Files can be damaged or edited, so a persisted VIF passes the same checks
     as an annotation's; raises InvalidVIF.
     """
-    if not isinstance(data, dict) or set(data) != _FIELDS:
+    if not isinstance(data, dict) or not _FIELDS - _LATER_FIELDS <= set(data) <= _FIELDS:
         raise errors.InvalidVIF('persisted VIF must be an object with the fields %s'
                                 % ', '.join(sorted(_FIELDS)))
     spec = dict(data, gateway=data['gateways'])
@@ -141,12 +162,39 @@ def parse_vif(spec):
         parent=_optional_ifname(spec.get('parent'), 'parent'),
         vlan_id=(None if spec.get('vlan_id') is None
                  else _int(spec['vlan_id'], 'vlan_id', 1, 4094)),
+        integration_bridge=_optional_ifname(spec.get('integration_bridge'),
+                                            'integration_bridge'),
     )
-    if kind in ('bridge', 'ovs') and vif.bridge is None:
+    if kind in BRIDGED_KINDS and vif.bridge is None:
         raise errors.InvalidVIF('kind %s needs a "bridge"' % kind)
     if kind == 'vlan' and vif.vlan_id is None:
         raise errors.InvalidVIF('kind vlan needs a "vlan_id"')
+    if kind == 'ovs-hybrid':
+        _check_hybrid(vif)
+    elif vif.integration_bridge is not None:
+        raise errors.InvalidVIF('only kind ovs-hybrid has an "integration_bridge"')
     return vif
+
+
+def _check_hybrid(vif):
+    """A hybrid VIF's qbr bridge is its port's: named after the port ID, as Neutron does.
+
+    So a VIF can never name another port's private bridge (and slip past that
+    port's firewall), and the qvb/qvo names derived from the port ID are valid.
+    """
+    if vif.integration_bridge is None:
+        raise errors.InvalidVIF('kind ovs-hybrid needs an "integration_bridge"')
+    for prefix in ('qbr', 'qvb', 'qvo'):
+        if not valid_ifname(hybrid_device_name(prefix, vif.port_id)):
+            raise errors.InvalidVIF('port_id %r makes no valid %s device name'
+                                    % (vif.port_id, prefix))
+    expected = hybrid_device_name('qbr', vif.port_id)
+    if vif.bridge != expected:
+        raise errors.InvalidVIF('an ovs-hybrid VIF\'s bridge is its port\'s %s, not %s'
+                                % (expected, vif.bridge))
+    if vif.integration_bridge == vif.bridge:
+        raise errors.InvalidVIF('an ovs-hybrid VIF\'s integration bridge cannot be its '
+                                'qbr bridge')
 
 
 def _match(value, pattern, field):

@@ -42,12 +42,16 @@ class Options:
     link_iface: str | None = None   # parent of vlan/macvlan VIFs that name none
     ipv6_link_local: str = 'with-ipv6'  # or 'always' (see the option's help)
     ovsdb_timeout: float = 10.0     # seconds for one OVSDB transaction, connect included
+    bridges: tuple = ('kuryr-br0', 'br-int', 'qbr*')   # names or patterns a VIF may name
+    parents: tuple = ()             # vlan/macvlan parents a VIF may name besides link_iface
 
     @classmethod
     def from_conf(cls, conf):
         return cls(ovsdb_connection=conf.binding.ovsdb_connection,
                    link_iface=conf.binding.link_iface,
-                   ipv6_link_local=conf.binding.ipv6_link_local)
+                   ipv6_link_local=conf.binding.ipv6_link_local,
+                   bridges=tuple(conf.binding.bridges),
+                   parents=tuple(conf.binding.parents))
 
 
 @dataclasses.dataclass(frozen=True)

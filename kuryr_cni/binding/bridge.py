@@ -6,9 +6,10 @@
     [bridge vif.bridge] -- kc<hash> ====== <plug.ifname>  MAC, MTU, IPs, routes
                            alias kuryr-cni:<container>:<ifname>
 
-The bridge is created (and brought up, with IPv6 address generation off)
-when it is missing, used as it is when it exists, and never given an
-address: the gateway lives on the network's router. Nor is the host end,
+The bridge must exist: it is used as it is, never created (a bridge nobody
+made is one nobody connected to a network; security.rst says why the
+daemon makes none) and never given an address: the gateway lives on the
+network's router. Nor is the host end,
 which is only a port: with the kernel's IPv6 link-local address, each port
 would repeat DAD, MLD reports and router solicitations (the last without
 end) that the bridge floods to every other port, work that grows with the
@@ -143,7 +144,7 @@ class BridgeDriver(base.Driver):
     # -- connect steps -----------------------------------------------------
 
     def _bridge(self, host, vif):
-        """The index and MTU of bridge ``vif.bridge``, remembered or looked up (or made).
+        """The index and MTU of bridge ``vif.bridge``, remembered or looked up.
 
         A bridge looked up less than BRIDGE_TRUSTED_FOR ago is used as it was
         then if its index still names it (indexes are not reused soon) and
@@ -161,36 +162,25 @@ class BridgeDriver(base.Driver):
         return bridge
 
     def _ensure_bridge(self, host, name):
-        """Return the link message of bridge ``name``, creating it when missing."""
+        """Return the link message of the existing bridge ``name``.
+
+        The daemon creates no shared bridge (see security.rst): one nobody
+        made is one nobody connected to a network. A bridge carrying an
+        owner tag is a hybrid-plugged port's private bridge, never shared.
+        """
         with netns.kernel_errors('look up bridge %s' % name):
             link = podside.get_link(host, name)
         if link is None:
-            link = self._create_bridge(host, name)
-        if link is None:
-            raise errors.BindingFailed('bridge %s vanished while being created' % name)
+            raise errors.BindingFailed('bridge %s does not exist' % name,
+                                       'the daemon creates no bridge: create it and '
+                                       'connect it to the network first')
         kind = link.get(('linkinfo', 'kind'))
         if kind != 'bridge':
             raise errors.BindingFailed('device %s exists and is not a bridge' % name,
                                        'kind %s' % kind)
-        return link
-
-    def _create_bridge(self, host, name):
-        """Create bridge ``name`` up and address-less; a concurrent creator wins.
-
-        Returns its link message (None if it vanished at once).
-        """
-        with netns.kernel_errors('create bridge %s' % name):
-            try:
-                host.link('add', ifname=name, kind='bridge')
-            except NetlinkError as exc:
-                if exc.code != errno.EEXIST:
-                    raise
-                LOG.debug('Bridge %s was created concurrently', name)
-                return podside.get_link(host, name)
-            link = podside.get_link(host, name)
-            podside.set_without_ipv6_addresses(host, link['index'])
-            host.link('set', index=link['index'], state='up')
-        LOG.info('Created bridge %s', name)
+        if owner_tag.parse_alias(link.get('ifalias')):
+            raise errors.BindingFailed('bridge %s is the private bridge of a hybrid-plugged '
+                                       'port' % name, 'owner %s' % link.get('ifalias'))
         return link
 
     def _create_veth(self, host, pod, pod_fd, host_name, owner, bridge_index, vif, plug):

@@ -268,23 +268,34 @@ def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
     assert ('default', '10.77.0.1', 'other0') in pod.routes()
 
 
-def test_connect_creates_missing_bridge_without_address(netns_factory, pod_ns):
+def test_connect_refuses_a_missing_bridge_and_creates_nothing(netns_factory, pod_ns):
     node = netns_factory()
     driver = bridge.BridgeDriver(host_netns=node.path)
-    plug = pod_ns().plug()
+    pod = pod_ns()
 
-    driver.connect(make_vif(), plug)
+    with pytest.raises(errors.BindingFailed, match='bridge %s does not exist' % BRIDGE):
+        driver.connect(make_vif(), pod.plug())
 
-    br = node.link(BRIDGE)
-    assert br['linkinfo']['info_kind'] == 'bridge'
-    assert 'UP' in br['flags']
-    assert br.get('addr_info', []) == []          # not even an IPv6 link-local address
-    assert host_device(node, plug)['master'] == BRIDGE
-    driver.check(make_vif(), plug)
+    assert set(node.links()) == {'lo'}
+    assert set(pod.links()) == {'lo'}
 
 
-def test_concurrent_connects_share_one_new_bridge(netns_factory, pod_ns):
+def test_connect_refuses_the_private_bridge_of_a_hybrid_port(host_ns, pod_ns):
+    host_ns.ip('link', 'add', 'qbr5d0b-port-5', 'type', 'bridge')
+    host_ns.ip('link', 'set', 'qbr5d0b-port-5', 'alias', owner_tag.alias('other', 'eth0'))
+    driver = bridge.BridgeDriver(host_netns=host_ns.path)
+    pod = pod_ns()
+
+    with pytest.raises(errors.BindingFailed, match='private bridge of a hybrid'):
+        driver.connect(make_vif(bridge='qbr5d0b-port-5'), pod.plug())
+
+    assert set(pod.links()) == {'lo'}
+
+
+def test_concurrent_connects_share_one_bridge_not_looked_up_yet(netns_factory, pod_ns):
     node = netns_factory()
+    node.ip('link', 'add', BRIDGE, 'type', 'bridge')
+    node.ip('link', 'set', BRIDGE, 'up')
     driver = bridge.BridgeDriver(host_netns=node.path)
     plugs = [pod_ns().plug(container_id='racer-%d' % n) for n in range(8)]
     start = threading.Barrier(len(plugs))
@@ -316,9 +327,11 @@ def test_connect_uses_existing_bridge_as_it_is(host_ns, pod_ns, driver):
 
 def test_a_bridge_made_anew_within_the_trusted_second_is_found(netns_factory, pod_ns):
     node = netns_factory()
+    node.ip('link', 'add', BRIDGE, 'type', 'bridge')
+    node.ip('link', 'set', BRIDGE, 'up')
     driver = bridge.BridgeDriver(host_netns=node.path)
     first, second = pod_ns().plug(container_id='first'), pod_ns().plug(container_id='second')
-    driver.connect(make_vif(), first)                      # makes the bridge, remembers it
+    driver.connect(make_vif(), first)                      # looks the bridge up, remembers it
     old_index = node.link(BRIDGE)['ifindex']
     node.ip('link', 'del', BRIDGE)
     node.ip('link', 'add', BRIDGE, 'type', 'bridge')

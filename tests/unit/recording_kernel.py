@@ -33,6 +33,7 @@ class RecordingKernel:
         self.plugged = {}       # (netns, ifname) -> (VIF, Plug), for observe()
         self.effects = []
         self.fail_connect = None    # an exception the next connect raises (after creating)
+        self.refused_bridges = set()    # bridges admit() refuses, as [binding] bridges would
 
     # Building the world -------------------------------------------------------------
 
@@ -80,6 +81,11 @@ class RecordingKernel:
             if vif is not None:
                 routes.update(podside.wanted_routes(vif, plug))
         return {'links': links, 'routes': routes}
+
+    def admit(self, vif):
+        refused = self.refused_bridges & set(vif.bridges)
+        if refused:
+            raise errors.VIFNotAllowed('bridge %s is not allowed' % ', '.join(sorted(refused)))
 
     def connect(self, vif, plug):
         self.check_netns(plug.netns)

@@ -9,6 +9,7 @@ stdlib logger, no logging configuration of its own.
 import ast
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,8 +67,8 @@ def test_the_generator_finds_every_option_through_the_entry_point(tmp_path):
     for line in out.read_text().splitlines():
         if line.startswith('['):
             current = line.strip('[]')
-        elif line.startswith('#') and ' = ' in line and current:
-            sections.setdefault(current, set()).add(line[1:].split(' = ')[0])
+        elif current and re.match(r'#\w+ =( |$)', line):    # '#name =' when empty
+            sections.setdefault(current, set()).add(line[1:].split(' =')[0])
     assert sections == {group: {opt.dest for opt in opts}
                         for group, opts in config.list_opts()}
 
