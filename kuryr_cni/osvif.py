@@ -17,7 +17,10 @@ so a KuryrPort VIF passes the same validation as an annotation VIF. No I/O.
 
 Mapping: ``VIFBridge`` -> ``bridge`` and ``VIFOpenVSwitch`` -> ``ovs`` (into
 ``bridge_name``; the OVS ``iface-id`` is the port profile's
-``interface_id``, else the VIF ``id``), ``VIFVlanNested`` -> ``vlan``
+``interface_id``, else the VIF ``id``); a ``VIFBridge`` of plugin ``ovs``
+(ML2/OVS with the iptables_hybrid firewall) -> ``ovs-hybrid``, its
+``bridge_name`` the port's ``qbr…`` and its integration bridge the
+network's ``bridge``; ``VIFVlanNested`` -> ``vlan``
 (``vlan_id``), ``VIFMacvlanNested`` -> ``macvlan``; the parent of nested
 kinds is ``[binding] link_iface``. Addresses are the fixed IPs of every
 subnet with the subnet's prefix length, gateways the subnets' (one per IP
@@ -103,15 +106,34 @@ def parse_vif(primitive, default=False):
         'active': _optional(data, 'active', bool, name, True),
         'default': default,
     }
-    if kind in ('bridge', 'ovs'):
+    if kind == 'bridge' and _hybrid(data, name):
+        kind = spec['kind'] = 'ovs-hybrid'
+        spec['integration_bridge'] = network['bridge']
+        if spec['integration_bridge'] is None:
+            raise errors.InvalidVIF('a hybrid-plugged VIFBridge\'s network names no bridge')
+    if kind in vif_model.BRIDGED_KINDS:
         spec['bridge'] = _field(data, 'bridge_name', str, name)
-    if kind == 'ovs':
+    if kind in ('ovs', 'ovs-hybrid'):
         interface_id = _interface_id(data.get('port_profile'))
         if interface_id:
             spec['port_id'] = interface_id
     if kind == 'vlan':
         spec['vlan_id'] = _field(data, 'vlan_id', int, name)
     return vif_model.parse_vif(spec)
+
+
+def _hybrid(data, name):
+    """Whether a VIFBridge is hybrid-plugged: os-vif's OVS plugin, not linux_bridge, plugs it.
+
+    os-vif picks the plugin by the VIF's ``plugin`` field; when it is absent,
+    an Open vSwitch port profile says the same.
+    """
+    plugin = _optional(data, 'plugin', str, name, None)
+    if plugin is not None:
+        return plugin == 'ovs'
+    profile = data.get('port_profile')
+    return profile is not None and read_object(
+        profile, PORT_PROFILES, 'vif.port_profile')[0] == 'VIFPortProfileOpenVSwitch'
 
 
 def read_object(primitive, names, where):
@@ -172,7 +194,8 @@ def _network(primitive):
             routes.append(entry)
     if not ips:
         raise errors.InvalidVIF('the VIF\'s network has no fixed IP')
-    return {'mtu': mtu, 'ips': ips, 'gateways': gateways, 'routes': routes}
+    return {'mtu': mtu, 'ips': ips, 'gateways': gateways, 'routes': routes,
+            'bridge': _optional(data, 'bridge', str, 'Network', None)}
 
 
 _EMPTY_ROUTES = {'versioned_object.name': 'RouteList', 'versioned_object.namespace': NAMESPACE,

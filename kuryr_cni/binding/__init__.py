@@ -12,6 +12,7 @@ registry, the watcher or the CNI layer.
 from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni.binding import bridge
+from kuryr_cni.binding import hybrid
 from kuryr_cni.binding import macvlan
 from kuryr_cni.binding import noop
 from kuryr_cni.binding import ovs
@@ -28,6 +29,7 @@ __all__ = ['DRIVERS', 'Driver', 'Options', 'Plug', 'get_driver', 'remove_tagged_
 DRIVERS = {
     bridge.BridgeDriver.kind: bridge.BridgeDriver,
     ovs.OvsDriver.kind: ovs.OvsDriver,
+    hybrid.HybridDriver.kind: hybrid.HybridDriver,
     vlan.VlanDriver.kind: vlan.VlanDriver,
     macvlan.MacvlanDriver.kind: macvlan.MacvlanDriver,
     noop.NoopDriver.kind: noop.NoopDriver,

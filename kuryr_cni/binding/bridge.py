@@ -79,22 +79,10 @@ class BridgeDriver(base.Driver):
         the call fail without touching it. Any failure after the pair exists
         deletes the pair (which removes both ends) before raising.
         """
-        host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
-        owner = owner_tag.alias(plug.container_id, plug.ifname)
-        with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
-                netns.iproute(self.host_netns, echo=True) as host, \
-                netns.iproute(pod_fd) as pod:
+        with self._namespaces(plug) as (host, pod, pod_fd):
             bridge = self._bridge(host, vif)
             base.check_mtu(vif, bridge.mtu, 'bridge %s' % vif.bridge)
-            reply = self._create_veth(
-                host, pod, pod_fd, host_name, owner, bridge.index, vif, plug)
-            try:
-                host_index, pod_index = self._indexes(host, reply, host_name)
-                self._finish_host_end(host, host_index, host_name, owner)
-                podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
-            except BaseException:
-                self._undo(host, host_name)
-                raise
+            self._plug_veth(host, pod, pod_fd, bridge.index, vif, plug)
 
     def disconnect(self, plug):
         """Delete the host end if its alias names this plug, else the pod end if it does.
@@ -142,6 +130,33 @@ class BridgeDriver(base.Driver):
                 % (plug.ifname, plug.container_id), '; '.join(problems))
 
     # -- connect steps -----------------------------------------------------
+
+    @contextlib.contextmanager
+    def _namespaces(self, plug):
+        """``(host, pod, pod_fd)``: netlink in the host namespace (echoing) and the pod's."""
+        with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
+                netns.iproute(self.host_netns, echo=True) as host, \
+                netns.iproute(pod_fd) as pod:
+            yield host, pod, pod_fd
+
+    def _plug_veth(self, host, pod, pod_fd, master, vif, plug, attach=None):
+        """Make the plug's veth pair, host end into bridge index ``master`` (None: no
+        kernel master), tagged and up; ``attach(host_name)`` when given; then the pod end.
+
+        Any failure after the pair exists deletes the pair before raising.
+        """
+        host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
+        owner = owner_tag.alias(plug.container_id, plug.ifname)
+        reply = self._create_veth(host, pod, pod_fd, host_name, owner, master, vif, plug)
+        try:
+            host_index, pod_index = self._indexes(host, reply, host_name)
+            self._finish_host_end(host, host_index, host_name, owner)
+            if attach is not None:
+                attach(host_name)
+            podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
+        except BaseException:
+            self._undo(host, host_name)
+            raise
 
     def _bridge(self, host, vif):
         """The index and MTU of bridge ``vif.bridge``, remembered or looked up.
@@ -239,7 +254,7 @@ class BridgeDriver(base.Driver):
                 'expected alias %s' % owner)
 
     def _undo(self, host, host_name):
-        """Delete a half-made pair (both ends go); never raises."""
+        """Delete a half-made device (a pair: both ends go); never raises."""
         try:
             host.link('del', ifname=host_name)
         except Exception:   # the original error matters more

@@ -31,7 +31,6 @@ import time
 from oslo_log import log as logging
 
 from kuryr_cni import errors
-from kuryr_cni import netns
 from kuryr_cni.binding import base
 from kuryr_cni.binding import bridge
 from kuryr_cni.binding import ovsdb
@@ -77,17 +76,11 @@ class OvsDriver(bridge.BridgeDriver):
         host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
         owner = owner_tag.alias(plug.container_id, plug.ifname)
         base.check_mtu(vif, self._bridge_mtu(vif.bridge), 'Open vSwitch bridge %s' % vif.bridge)
-        with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
-                netns.iproute(self.host_netns, echo=True) as host, \
-                netns.iproute(pod_fd) as pod:
-            reply = self._create_veth(host, pod, pod_fd, host_name, owner, None, vif, plug)
+        with self._namespaces(plug) as (host, pod, pod_fd):
             try:
-                host_index, pod_index = self._indexes(host, reply, host_name)
-                self._finish_host_end(host, host_index, host_name, owner)
-                self._add_port(host_name, owner, vif, plug)
-                podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
+                self._plug_veth(host, pod, pod_fd, None, vif, plug, attach=lambda name:
+                                self._add_port(name, owner, vif, plug, vif.bridge))
             except BaseException:
-                self._undo(host, host_name)
                 self._forget_port(host_name, owner)
                 raise
 
@@ -121,8 +114,9 @@ class OvsDriver(bridge.BridgeDriver):
         mtu = local['rows'][0]['mtu'] if local['rows'] else None
         return mtu if isinstance(mtu, int) else None
 
-    def _add_port(self, host_name, owner, vif, plug):
-        """Insert Port and Interface ``host_name`` into the bridge, in one transaction.
+    def _add_port(self, host_name, owner, vif, plug, bridge_name):
+        """Insert Port and Interface ``host_name`` into OVS bridge ``bridge_name``,
+        in one transaction.
 
         A row of the same name is this plug's leftover (the name is derived
         from the owner); it is replaced in the same transaction, unless its
@@ -136,8 +130,8 @@ class OvsDriver(bridge.BridgeDriver):
                         'iface-status': 'active', 'container-id': plug.container_id,
                         OWNER_KEY: owner}
         operations = [{'op': 'wait', 'table': 'Bridge', 'timeout': 0,
-                       'where': [['name', '==', vif.bridge]], 'columns': ['name'],
-                       'until': '==', 'rows': [{'name': vif.bridge}]}]
+                       'where': [['name', '==', bridge_name]], 'columns': ['name'],
+                       'until': '==', 'rows': [{'name': bridge_name}]}]
         if stale is not None:
             operations.append(_detach(stale['port']))
         operations += [
@@ -145,7 +139,7 @@ class OvsDriver(bridge.BridgeDriver):
              'row': {'name': host_name, 'type': '', 'external_ids': _ovs_map(external_ids)}},
             {'op': 'insert', 'table': 'Port', 'uuid-name': 'port',
              'row': {'name': host_name, 'interfaces': ['named-uuid', 'iface']}},
-            {'op': 'mutate', 'table': 'Bridge', 'where': [['name', '==', vif.bridge]],
+            {'op': 'mutate', 'table': 'Bridge', 'where': [['name', '==', bridge_name]],
              'mutations': [['ports', 'insert', ['set', [['named-uuid', 'port']]]]]},
         ] + _BUMP_CFG
         self._wait_applied(self.ovsdb.transact(*operations)[-1])
@@ -213,15 +207,18 @@ class OvsDriver(bridge.BridgeDriver):
 
     def _check_enslaved(self, host, link, vif, plug):
         """Instead of a kernel master: the port row, in the bridge, with its external_ids."""
-        host_name = link.get('ifname')
+        return self._check_port(link.get('ifname'), vif.bridge, vif, plug)
+
+    def _check_port(self, host_name, bridge_name, vif, plug):
+        """Problems of OVS port ``host_name``: in ``bridge_name``, with the plug's external_ids."""
         port = self._port_of(host_name)
         if port is None:
             return ['OVS port %s is missing' % host_name]
         problems = []
-        found = self.ovsdb.transact(_select('Bridge', vif.bridge, ['ports']))[0]['rows']
+        found = self.ovsdb.transact(_select('Bridge', bridge_name, ['ports']))[0]['rows']
         members = _py_set(found[0]['ports']) if found else []
         if port['port'] not in members:
-            problems.append('OVS port %s is not in bridge %s' % (host_name, vif.bridge))
+            problems.append('OVS port %s is not in bridge %s' % (host_name, bridge_name))
         expected = {'iface-id': vif.port_id, 'attached-mac': vif.mac, 'iface-status': 'active',
                     'container-id': plug.container_id,
                     OWNER_KEY: owner_tag.alias(plug.container_id, plug.ifname)}

@@ -69,6 +69,21 @@ def bridge_vif(active=True, n=5, **data):
     return obj('VIFBridge', base)
 
 
+def hybrid_vif(active=True, n=5, **data):
+    """A hybrid-plugged port (ML2/OVS, iptables_hybrid firewall), as kuryr-controller
+    writes it: a VIFBridge of plugin ovs into the port's qbr bridge, the
+    integration bridge in its network."""
+    base = {'active': active, 'address': 'fa:16:3e:98:7b:%02x' % n,
+            'bridge_name': ('qbr' + PORT_ID)[:14], 'has_traffic_filtering': True,
+            'id': PORT_ID, 'network': dual_stack_network(n), 'plugin': 'ovs',
+            'port_profile': obj('VIFPortProfileOpenVSwitch',
+                                {'interface_id': PORT_ID, 'datapath_type': 'system',
+                                 'create_port': False}, version='1.4'),
+            'preserve_on_delete': False, 'vif_name': 'tap8c5f3a10-2f'}
+    base.update(data)
+    return obj('VIFBridge', base)
+
+
 def vlan_vif(active=True, vlan_id=100, n=5, **data):
     base = {'active': active, 'address': 'fa:16:3e:12:34:%02x' % n, 'id': PORT_ID,
             'has_traffic_filtering': False, 'network': dual_stack_network(n),

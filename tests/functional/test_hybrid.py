@@ -1,0 +1,190 @@
+"""The ovs-hybrid binding driver against a real, private Open vSwitch.
+
+As in test_ovs.py: the test's own ``ovsdb-server`` and ``ovs-vswitchd``
+(userspace ``netdev`` datapath) inside the node namespace; the integration
+bridge's own port holds the gateways, so pings cross qbr, the qvb/qvo pair
+and the switch. Every device of a hybrid port is checked as os-vif wires it.
+"""
+
+import shutil
+
+import pytest
+
+from kuryr_cni import binding
+from kuryr_cni import errors
+from kuryr_cni import vif as vif_model
+from kuryr_cni.binding import hybrid
+from kuryr_cni.binding import owner_tag
+from tests.functional.conftest import CAN_RUN
+from tests.functional.conftest import SKIP_REASON
+from tests.functional.test_ovs import BRIDGE
+from tests.functional.test_ovs import GATEWAY4
+from tests.functional.test_ovs import GATEWAY6
+from tests.functional.test_ovs import MTU
+from tests.functional.test_ovs import external_ids
+from tests.functional.test_ovs import node  # noqa: F401 (fixture)
+from tests.functional.test_ovs import switch  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)
+
+needs_ping = pytest.mark.skipif(shutil.which('ping') is None,
+                                reason='ping (iputils-ping) is not installed')
+
+
+@pytest.fixture
+def driver(node, switch):  # noqa: F811
+    return binding.get_driver('ovs-hybrid', host_netns=node.path,
+                              options=binding.Options(ovsdb_connection=switch.connection))
+
+
+def make_vif(n=5, **changes):
+    port_id = '%02x5f3a10-2f4e-4c3b-9a61-0d6f2b7e4a21' % n
+    spec = {'kind': 'ovs-hybrid', 'port_id': port_id, 'mac': 'fa:16:3e:00:02:%02x' % n,
+            'mtu': MTU, 'bridge': vif_model.hybrid_device_name('qbr', port_id),
+            'integration_bridge': BRIDGE, 'ips': ['10.88.0.%d/24' % n, 'fd88::%x/64' % n],
+            'gateway': [GATEWAY4, GATEWAY6], 'active': True}
+    spec.update(changes)
+    return vif_model.parse_vif(spec)
+
+
+def hybrid_devices(node, vif):
+    """``{name: link}`` of the port's qbr, qvb and qvo that exist."""
+    links = node.links()
+    return {name: links[name] for name in hybrid.device_names(vif.port_id) if name in links}
+
+
+def test_connect_wires_the_port_as_os_vif_does(node, pod_ns, switch, driver):  # noqa: F811
+    pod = pod_ns()
+    vif = make_vif()
+    driver.connect(vif, pod.plug(container_id='sandbox-a'))
+
+    qbr, qvb, qvo = hybrid.device_names(vif.port_id)
+    assert (qbr, qvb, qvo) == ('qbr055f3a10-2f', 'qvb055f3a10-2f', 'qvo055f3a10-2f')
+    links = node.links()
+    owner = 'kuryr-cni:sandbox-a:eth0'
+    pod_end = owner_tag.host_ifname('sandbox-a', 'eth0')
+    assert links[qbr]['linkinfo']['info_kind'] == 'bridge' and 'UP' in links[qbr]['flags']
+    for name in (qbr, qvb, qvo):        # no address, not even IPv6 link-local
+        assert node.link(name).get('addr_info', []) == []
+    for name in (qbr, qvb, qvo, pod_end):
+        assert links[name]['ifalias'] == owner
+    assert links[qvb]['master'] == qbr and links[pod_end]['master'] == qbr
+    assert 'master' not in links[qvo] or links[qvo]['master'] != qbr
+    assert links[qvb]['mtu'] == links[qvo]['mtu'] == MTU
+    assert switch.ports(BRIDGE) == {qvo}
+    assert external_ids(switch, qvo) == {
+        'iface-id': vif.port_id, 'attached-mac': vif.mac, 'iface-status': 'active',
+        'container-id': 'sandbox-a', 'kuryr-cni-owner': owner}
+    assert pod.addresses('eth0') == {'10.88.0.5/24', 'fd88::5/64'}
+    driver.check(vif, pod.plug(container_id='sandbox-a'))
+
+
+@needs_ping
+def test_traffic_crosses_qbr_and_the_switch(pod_ns, driver):
+    a, b = pod_ns(), pod_ns()
+    driver.connect(make_vif(5), a.plug('sandbox-a'))
+    driver.connect(make_vif(6), b.plug('sandbox-b'))
+    assert a.pings(GATEWAY4)
+    assert a.pings(GATEWAY6)
+    assert b.pings('10.88.0.5')
+
+
+def test_disconnect_removes_every_device_and_the_row(node, pod_ns, switch, driver):  # noqa
+    pod = pod_ns()
+    vif = make_vif()
+    plug = pod.plug()
+    driver.connect(vif, plug)
+
+    driver.disconnect(plug)
+    driver.disconnect(plug)
+
+    assert hybrid_devices(node, vif) == {}
+    assert switch.ports(BRIDGE) == set()
+    assert not [n for n, link in node.links().items() if link.get('ifalias')]
+    assert set(pod.links()) == {'lo'}
+
+
+def test_a_stale_disconnect_leaves_the_new_owners_devices(node, pod_ns, switch, driver):  # noqa
+    """Sandbox B of the pod replaced A (A's devices evicted); A's late DEL comes."""
+    vif = make_vif()
+    old, new = pod_ns(), pod_ns()
+    driver.connect(vif, old.plug('sandbox-a'))
+    driver.disconnect(old.plug('sandbox-a'))          # the eviction
+    driver.connect(vif, new.plug('sandbox-b'))
+
+    driver.disconnect(old.plug('sandbox-a'))          # the late DEL
+    driver.remove_host_side('sandbox-a', 'eth0')      # ... without any record
+
+    assert set(hybrid_devices(node, vif)) == set(hybrid.device_names(vif.port_id))
+    assert external_ids(switch, hybrid.device_names(vif.port_id)[2])['container-id'] \
+        == 'sandbox-b'
+    driver.check(vif, new.plug('sandbox-b'))
+
+
+def test_remove_host_side_without_a_record_removes_it_all(node, pod_ns, switch, driver):  # noqa
+    vif = make_vif()
+    driver.connect(vif, pod_ns().plug('sandbox-a'))
+
+    binding.remove_tagged_host_device('sandbox-a', 'eth0', node.path,
+                                      binding.Options(ovsdb_connection=switch.connection))
+
+    assert hybrid_devices(node, vif) == {}
+    assert switch.ports(BRIDGE) == set()
+
+
+def test_another_owners_devices_of_the_port_are_never_taken_over(node, pod_ns, switch,  # noqa
+                                                                 driver):
+    vif = make_vif()
+    driver.connect(vif, pod_ns().plug('sandbox-a'))
+    intruder = pod_ns()
+
+    with pytest.raises(errors.BindingFailed, match='belongs to another owner'):
+        driver.connect(vif, intruder.plug('sandbox-x'))
+
+    assert external_ids(switch, hybrid.device_names(vif.port_id)[2])['container-id'] \
+        == 'sandbox-a'
+    assert set(intruder.links()) == {'lo'}
+
+
+def test_connect_replaces_untagged_devices_of_its_port(node, pod_ns, switch, driver):  # noqa
+    """What a plug of this port left before tagging (or os-vif made) is replaced."""
+    vif = make_vif()
+    qbr, qvb, qvo = hybrid.device_names(vif.port_id)
+    node.ip('link', 'add', qbr, 'type', 'bridge')
+    node.ip('link', 'add', qvb, 'type', 'veth', 'peer', 'name', qvo)
+    switch.vsctl('add-port', BRIDGE, qvo)
+    pod = pod_ns()
+
+    driver.connect(vif, pod.plug())
+
+    driver.check(vif, pod.plug())
+    assert switch.ports(BRIDGE) == {qvo}
+
+
+def test_failed_connect_leaves_nothing(node, pod_ns, switch, driver):  # noqa: F811
+    """A default route already in the pod makes the last step fail."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
+    pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
+    pod.ip('link', 'set', 'other0', 'up')
+    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    vif = make_vif()
+
+    with pytest.raises(errors.BindingFailed, match='add route'):
+        driver.connect(vif, pod.plug())
+
+    assert hybrid_devices(node, vif) == {}
+    assert switch.ports(BRIDGE) == set()
+    assert not [n for n, link in node.links().items() if link.get('ifalias')]
+
+
+def test_check_names_a_missing_qvo_row(pod_ns, switch, driver):  # noqa: F811
+    vif = make_vif()
+    pod = pod_ns()
+    driver.connect(vif, pod.plug())
+    switch.vsctl('del-port', BRIDGE, hybrid.device_names(vif.port_id)[2])
+
+    with pytest.raises(errors.CheckFailed) as exc:
+        driver.check(vif, pod.plug())
+
+    assert 'OVS port qvo055f3a10-2f is missing' in exc.value.details
