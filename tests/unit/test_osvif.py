@@ -55,6 +55,27 @@ def test_every_kind_maps_to_its_driver(make, kind, extra):
         assert getattr(vif, field) == value
 
 
+def test_hybrid_plugged_vif_bridge_is_ovs_hybrid():
+    vif = osvif.parse_vif(fx.hybrid_vif())
+    assert vif.kind == 'ovs-hybrid' and vif.bridge == 'qbr8c5f3a10-2f'
+    assert vif.integration_bridge == 'br-int'           # the network's bridge
+    assert vif.port_id == fx.PORT_ID and vif.ips == IPS and vif.gateways == GATEWAYS
+
+
+def test_a_vif_bridge_without_plugin_is_hybrid_by_its_ovs_port_profile():
+    primitive = fx.hybrid_vif()
+    del primitive['versioned_object.data']['plugin']
+    assert osvif.parse_vif(primitive).kind == 'ovs-hybrid'
+    assert osvif.parse_vif(fx.bridge_vif()).kind == 'bridge'    # linux_bridge
+
+
+def test_a_hybrid_vif_whose_network_names_no_bridge_is_refused():
+    primitive = fx.hybrid_vif()
+    del primitive['versioned_object.data']['network']['versioned_object.data']['bridge']
+    with pytest.raises(errors.InvalidVIF, match='names no bridge'):
+        osvif.parse_vif(primitive)
+
+
 def test_additional_interfaces_and_defaults():
     vifs = osvif.parse_status_vifs(fx.status_vifs(
         fx.vlan_vif(), extra=[fx.vlan_vif(vlan_id=101, n=6)]))

@@ -19,6 +19,7 @@ side is tested in tests/unit/test_monitoring.py and the functional tests).
 import concurrent.futures
 import dataclasses
 import json
+import os
 import time
 
 import pytest
@@ -368,3 +369,43 @@ def test_rule(world, moved, case):
         in_flight, final = case.then_in_flight
         assert world.finish(in_flight) == final
     assert world.owner() == case.owner
+
+
+# -- the binding policy: refused before anything is claimed -----------------------------
+
+@pytest.mark.parametrize('owned', [False, True], ids=['first ADD', 'ADD of a new sandbox'])
+def test_a_vif_the_policy_refuses_changes_nothing(world, owned):
+    world.publish()
+    if owned:
+        assert world.request('ADD', 'A') == 'ok'
+        world.effects()
+    before = world.ownership.store.load(POD)
+    world.kernel.refused_bridges.add('br0')
+
+    assert world.request('ADD', 'B') == 7
+
+    assert world.effects() == []
+    assert world.ownership.store.load(POD) == before       # no claim, A not evicted
+    assert world.owner() == ('A' if owned else None)
+
+
+def test_an_address_another_pod_holds_is_refused_and_changes_nothing(world):
+    world.publish()
+    assert world.request('ADD', 'A') == 'ok'
+    other = 'default/copycat'
+    body = json.loads(json.dumps(world.pod_record['vifs']))
+    body['eth0']['port_id'] = 'port-x'
+    world.registry.put_pod(other, dict(world.pod_record, uid='uid-x', vifs=body))
+    world.effects()
+    request = {'CNI_COMMAND': 'ADD', 'CNI_CONTAINERID': 'X', 'CNI_NETNS': world.netns('X'),
+               'CNI_IFNAME': 'eth0', 'CNI_PATH': '/opt/cni/bin',
+               'CNI_ARGS': 'K8S_POD_NAMESPACE=default;K8S_POD_NAME=copycat;K8S_POD_UID=uid-x',
+               'config': {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}}
+
+    status, payload = world.app.handle(PATHS['ADD'], json.dumps(request).encode())
+
+    assert status == 400 and json.loads(payload)['code'] == 7
+    assert 'bound to another pod' in json.loads(payload)['msg']
+    assert world.effects() == []
+    assert world.ownership.store.load(other) is None
+    assert not os.path.exists(world.ownership.locks.path(other))

@@ -63,6 +63,9 @@ VALID = [
                                 'net1': spec(kind='vlan', bridge=None, vlan_id=4094)}, None),
     ('macvlan without parent', {'eth0': spec(kind='macvlan', bridge=None)},
      {'kind': 'macvlan', 'bridge': None}),
+    ('ovs-hybrid', {'eth0': spec(kind='ovs-hybrid', bridge='qbr5d0b1c2d-aa',
+                                 integration_bridge='br-int')},
+     {'kind': 'ovs-hybrid', 'bridge': 'qbr5d0b1c2d-aa', 'integration_bridge': 'br-int'}),
     ('upper-case MAC', {'eth0': spec(mac='FA:16:3E:0A:0B:0C')}, {'mac': 'fa:16:3e:0a:0b:0c'}),
     ('mtu minimum', {'eth0': spec(mtu=68)}, {'mtu': 68}),
     ('mtu maximum', {'eth0': spec(mtu=65535)}, {'mtu': 65535}),
@@ -273,6 +276,15 @@ INVALID = [
     ('scoped IPv6 address', one(ips=['fd00::5%eth0/64'], gateway=None, routes=[])),
     ('scoped IPv6 gateway', one(ips=['fd00::5/64'], gateway='fd00::1%eth0', routes=[])),
     ('route given twice', one(routes=[{'dst': '192.168.0.0/16'}, {'dst': '192.168.0.0/16'}])),
+    # ovs-hybrid: the port's own qbr, and an integration bridge
+    ('ovs-hybrid without integration bridge', one(kind='ovs-hybrid', bridge='qbr5d0b1c2d-aa')),
+    ('ovs-hybrid naming another port\'s qbr', one(kind='ovs-hybrid', bridge='qbr11111111-22',
+                                                  integration_bridge='br-int')),
+    ('ovs-hybrid naming a shared bridge', one(kind='ovs-hybrid', bridge='kuryr-br0',
+                                             integration_bridge='br-int')),
+    ('ovs-hybrid port making no device name', one(kind='ovs-hybrid', port_id='a:b',
+                                                  bridge='qbrab', integration_bridge='br-int')),
+    ('integration bridge on another kind', one(integration_bridge='br-int')),
     ('default route and gateway', one(routes=[{'dst': '0.0.0.0/0', 'gw': '10.10.0.254'}])),
 ]
 
@@ -292,6 +304,18 @@ def test_invalid_table_cases_are_valid_but_for_their_flaw():
     assert vif_model.parse_annotation(one(kind='vlan', bridge=None, vlan_id=100))
     assert vif_model.parse_annotation(one(kind='macvlan', bridge=None, parent='eth1'))
     assert vif_model.parse_annotation(one(ips=['10.10.0.5/24', 'fd00::5/64']))
+    assert vif_model.parse_annotation(one(kind='ovs-hybrid', bridge='qbr5d0b1c2d-aa',
+                                          integration_bridge='br-int'))
+
+
+def test_a_record_written_before_integration_bridge_existed_is_read():
+    vif = vif_model.parse_vif(spec())
+    record = vif.to_dict()
+    assert 'integration_bridge' not in record        # as before: older releases read it
+    assert vif_model.from_record(record) == vif
+    hybrid = vif_model.parse_vif(spec(kind='ovs-hybrid', bridge='qbr5d0b1c2d-aa',
+                                      integration_bridge='br-int'))
+    assert vif_model.from_record(hybrid.to_dict()) == hybrid
 
 
 @pytest.mark.parametrize('text', [None, b'{}', 42, {'eth0': {}}])
