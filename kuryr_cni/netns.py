@@ -64,10 +64,12 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import ipaddress
 import os
 import queue
 import socket
 import stat
+import sys
 import threading
 
 import pyroute2
@@ -260,6 +262,41 @@ def link_name(index, path=None):
         except OSError:
             return None
     return _call_in(path, name)
+
+
+def listening_addresses(port, path=None):
+    """Local addresses of the TCP sockets listening on ``port`` in namespace ``path``.
+
+    ``path`` is a namespace path or None (the daemon's own). Read from the
+    namespace's ``/proc/net/tcp`` and ``tcp6`` (each socket once: one listening
+    on ``::`` is one address, ``::``), as ``netstat`` reads them.
+    """
+    def read():
+        found = []
+        for table, width in (('tcp', 8), ('tcp6', 32)):
+            try:
+                with open('/proc/thread-self/net/' + table) as f:
+                    rows = f.read().splitlines()[1:]
+            except FileNotFoundError:       # no IPv6 in this kernel
+                continue
+            for row in rows:
+                fields = row.split()
+                local, state = fields[1], fields[3]
+                address, _, hex_port = local.partition(':')
+                if state == _TCP_LISTEN and int(hex_port, 16) == port and len(address) == width:
+                    found.append(_proc_net_address(address))
+        return found
+    return _call_in(path, read)
+
+
+_TCP_LISTEN = '0A'
+
+
+def _proc_net_address(text):
+    """An address as /proc/net/tcp{,6} prints it: 32-bit words in host byte order."""
+    raw = b''.join(int(text[i:i + 8], 16).to_bytes(4, sys.byteorder)
+                   for i in range(0, len(text), 8))
+    return str(ipaddress.ip_address(raw))
 
 
 def socket_in(path, family, type, proto=0):

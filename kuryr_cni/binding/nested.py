@@ -5,7 +5,8 @@ link kind and the attributes of that kind)::
 
     host namespace                   pod namespace
     [parent]  <-  lower device of -- <plug.ifname>  MAC, MTU, IPs, routes
-    (vif.parent or [binding] link_iface)            alias kuryr-cni:<container>:<ifname>
+    (vif.parent, [binding] link_iface               alias kuryr-cni:<container>:<ifname>
+     or found as upstream finds it: default_parent.py)
 
 The sub-interface is created by one netlink request sent in the host
 namespace (where ``IFLA_LINK`` names the parent) with ``IFLA_NET_NS_FD``
@@ -35,6 +36,7 @@ from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni.binding import base
 from kuryr_cni.binding import owner_tag
+from kuryr_cni.binding import default_parent
 from kuryr_cni.binding import podside
 
 LOG = logging.getLogger(__name__)
@@ -72,10 +74,10 @@ class NestedDriver(base.Driver):
         anything else in the way makes the call fail untouched. Any failure
         after creation deletes the new interface before raising.
         """
-        parent_name = self.parent_of(vif)
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
                 netns.iproute(self.host_netns) as host, \
                 netns.iproute(pod_fd) as pod:
+            parent_name = self.parent_of(vif, host)
             parent = self._parent_link(host, parent_name)
             base.check_mtu(vif, parent.get('mtu'), 'parent %s' % parent_name)
             self._create(host, pod, pod_fd, parent, vif, plug)
@@ -111,7 +113,6 @@ class NestedDriver(base.Driver):
 
     def check(self, vif, plug):
         """Compare the pod interface: kind, parent, owner, kind attributes, MAC, IPs, routes."""
-        parent_name = self.parent_of(vif)
         owner = owner_tag.alias(plug.container_id, plug.ifname)
         problems = []
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
@@ -119,6 +120,7 @@ class NestedDriver(base.Driver):
                 netns.iproute(pod_fd) as pod, \
                 netns.kernel_errors('inspect %s of container %s'
                                     % (plug.ifname, plug.container_id)):
+            parent_name = self.parent_of(vif, host)
             parent = podside.get_link(host, parent_name)
             link = podside.get_link(pod, plug.ifname)
             if parent is None:
@@ -141,13 +143,10 @@ class NestedDriver(base.Driver):
 
     # -- steps ------------------------------------------------------------------
 
-    def parent_of(self, vif):
-        """The parent interface's name: the VIF's, else ``[binding] link_iface``."""
-        parent = vif.parent or self.options.link_iface
-        if not parent:
-            raise errors.InvalidVIF('%s VIF names no parent and [binding] link_iface is unset'
-                                    % self.kind)
-        return parent
+    def parent_of(self, vif, host):
+        """The parent interface's name: the VIF's, else ``[binding] link_iface``, else
+        the one upstream would find (:mod:`kuryr_cni.binding.default_parent`)."""
+        return vif.parent or self.options.link_iface or default_parent.find(host, self.host_netns)
 
     def _parent_link(self, host, name):
         with netns.kernel_errors('look up parent interface %s' % name):

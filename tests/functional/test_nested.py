@@ -11,12 +11,15 @@ requests are also checked without a kernel in tests/unit/test_nested_requests.py
 
 import dataclasses
 import shutil
+import socket
 
 import pytest
 
 from kuryr_cni import binding
 from kuryr_cni import errors
+from kuryr_cni import netns
 from kuryr_cni import vif as vif_model
+from kuryr_cni.binding import default_parent
 from kuryr_cni.binding import owner_tag
 from tests.functional.conftest import CAN_RUN
 from tests.functional.conftest import GATEWAY4
@@ -207,12 +210,50 @@ def test_parent_defaults_to_link_iface(node, pod_ns, kind):
     assert pod.link('eth0')['link_index'] == node.links()[PARENT]['ifindex']
 
 
-def test_connect_without_any_parent_or_a_missing_one(pod_ns, driver, kind):
+def test_a_missing_parent_is_refused(pod_ns, driver, kind):
     pod = pod_ns()
-    with pytest.raises(errors.InvalidVIF, match='names no parent'):
-        driver.connect(make_vif(kind, parent=None), pod.plug())
     with pytest.raises(errors.BindingFailed, match='parent interface nope0 does not exist'):
         driver.connect(make_vif(kind, parent='nope0'), pod.plug())
+    assert sorted(pod.links()) == ['lo']
+
+
+def _kubelet_listening(node, address):
+    """A socket of the node namespace listening on kubelet's port, as kubelet's would."""
+    family = socket.AF_INET6 if ':' in address else socket.AF_INET
+    sock = netns.socket_in(node.path, family, socket.SOCK_STREAM)
+    sock.bind((address, default_parent.KUBELET_PORT))
+    sock.listen(1)
+    return sock
+
+
+@pytest.mark.parametrize('kubelet', [None, '::', '0.0.0.0', '10.55.0.2'])
+def test_without_link_iface_the_parent_is_found_as_upstream_finds_it(node, pod_ns, kind,
+                                                                     kubelet):
+    """kubelet's address when it listens on one (mgmt0's), else the first non-loopback."""
+    node.ip('link', 'add', 'mgmt0', 'type', 'veth', 'peer', 'name', 'mgmt1')
+    node.ip('addr', 'add', '10.55.0.2/24', 'dev', 'mgmt0')
+    node.ip('link', 'set', 'mgmt0', 'up')
+    sock = _kubelet_listening(node, kubelet) if kubelet else None
+    try:
+        pod = pod_ns()
+        driver = binding.get_driver(kind, host_netns=node.path)
+
+        driver.connect(make_vif(kind, parent=None), pod.plug())
+
+        expected = 'mgmt0' if kubelet == '10.55.0.2' else PARENT     # trunk0: index before mgmt0
+        assert pod.link('eth0')['link_index'] == node.links()[expected]['ifindex']
+        driver.check(make_vif(kind, parent=None), pod.plug())
+    finally:
+        if sock is not None:
+            sock.close()
+
+
+def test_a_node_with_only_loopback_has_no_default_parent(netns_factory, pod_ns, kind):
+    node = netns_factory()
+    pod = pod_ns()
+    driver = binding.get_driver(kind, host_netns=node.path)
+    with pytest.raises(errors.BindingFailed, match='no parent interface'):
+        driver.connect(make_vif(kind, parent=None), pod.plug())
     assert sorted(pod.links()) == ['lo']
 
 
