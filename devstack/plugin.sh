@@ -195,6 +195,7 @@ function configure_kuryr_cni {
     fi
 
     iniset "$conf" binding ovsdb_connection "$KURYR_CNI_OVSDB_CONNECTION"
+    iniset "$conf" binding bridges "$KURYR_CNI_BRIDGES"
     if [[ -n "$KURYR_CNI_LINK_IFACE" ]]; then
         iniset "$conf" binding link_iface "$KURYR_CNI_LINK_IFACE"
     fi
@@ -287,6 +288,10 @@ function kuryr_cni_smoke_test {
     check_kuryr_cni_conflist_first
     kubectl wait --for=condition=Ready "node/$KURYR_CNI_NODE_NAME" --timeout="$timeout" || \
         die $LINENO "Node $KURYR_CNI_NODE_NAME not Ready after $timeout"
+    # The daemon creates no bridge: the smoke pod's is made here, without address.
+    sudo ip link add "$KURYR_CNI_SMOKE_BRIDGE" type bridge 2>/dev/null || true
+    sudo ip link set "$KURYR_CNI_SMOKE_BRIDGE" up || \
+        die $LINENO "Cannot create bridge $KURYR_CNI_SMOKE_BRIDGE"
     kuryr_cni_smoke_pod "$pod" | kubectl apply -f - || die $LINENO "Cannot create pod $pod"
     kubectl wait --for=condition=Ready "pod/$pod" --timeout="$timeout" || \
         die $LINENO "Pod $pod not Ready after $timeout"
@@ -308,8 +313,8 @@ function kuryr_cni_smoke_test {
 }
 
 # The smoke test's pod, named $1. Its VIF is in its annotation, as a
-# controller would write it (there is none here), on a bridge the daemon
-# creates without an address: the pod needs its interface, not traffic.
+# controller would write it (there is none here), on the smoke test's bridge,
+# which has no address: the pod needs its interface, not traffic.
 function kuryr_cni_smoke_pod {
     local vif
     vif=$(printf '{"kind": "bridge", "port_id": "%s", "mac": "fa:16:3e:5e:00:0a", "mtu": 1500, "bridge": "%s", "ips": ["10.251.0.10/24"], "gateway": "10.251.0.1", "active": true}' \

@@ -600,6 +600,7 @@ def test_post_config_writes_the_daemon_config(host):
     for unset in ('api_root', 'token_file', 'ca_file'):
         assert unset not in conf['kubernetes']
     assert conf['binding']['ovsdb_connection'] == 'unix:/run/openvswitch/db.sock'
+    assert conf['binding']['bridges'] == 'kuryr-br0,br-int,qbr*,kuryr-smoke0'
     assert 'link_iface' not in conf['binding']
     assert (conf['health']['host'], conf['health']['port']) == ('0.0.0.0', host.env[
         'KURYR_CNI_HEALTH_PORT'])
@@ -833,7 +834,10 @@ def test_smoke_test_starts_a_pod_proves_it_plumbed_and_deletes_it(plumbed):
     [crictl] = host.calls('crictl')
     assert crictl[:2] == ['--runtime-endpoint', 'unix:///var/run/crio/crio.sock']
     assert '^kuryr-cni-smoke$' in crictl and '--quiet' in crictl
-    assert ['link', 'del', 'kuryr-smoke0'] in host.calls('ip')
+    ip_calls = host.calls('ip')
+    made = ip_calls.index(['link', 'add', 'kuryr-smoke0', 'type', 'bridge'])
+    assert ip_calls[made + 1] == ['link', 'set', 'kuryr-smoke0', 'up']
+    assert ['link', 'del', 'kuryr-smoke0'] in ip_calls[made:]
 
 
 def test_smoke_pod_is_a_pod_on_this_node_whose_vif_the_daemon_accepts(plumbed):
