@@ -93,7 +93,7 @@ binding_opts = [
                     'first interface that is not a loopback.'),
     cfg.ListOpt('bridges', default=['kuryr-br0', 'br-int', 'qbr*'],
                 help='The bridges a VIF may name, as names or shell patterns '
-                     '(fnmatch: *, ?, [...]). A bridge or ovs VIF naming a bridge '
+                     '(fnmatch, case-sensitive). A bridge or ovs VIF naming a bridge '
                      'that matches none, or an ovs-hybrid VIF whose per-port qbr '
                      'bridge or integration bridge matches none, is refused (CNI '
                      'code 7) before anything is changed. The daemon never creates '
