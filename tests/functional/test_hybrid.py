@@ -1,9 +1,11 @@
-"""The ovs-hybrid binding driver against a real, private Open vSwitch.
+"""Hybrid-plugged ports (ovs-hybrid) against a real, private Open vSwitch.
 
 As in test_ovs.py: the test's own ``ovsdb-server`` and ``ovs-vswitchd``
-(userspace ``netdev`` datapath) inside the node namespace; the integration
-bridge's own port holds the gateways, so pings cross qbr, the qvb/qvo pair
-and the switch. Every device of a hybrid port is checked as os-vif wires it.
+(userspace ``netdev`` datapath) inside the node namespace. The driver's
+tests check every device of a hybrid port as os-vif wires it; the last test
+runs a KuryrPort's hybrid VIF through the real shim and daemon, and the pod
+pings an internal port of the integration bridge across qbr, the qvb/qvo
+pair and the switch.
 """
 
 import shutil
@@ -15,6 +17,11 @@ from kuryr_cni import errors
 from kuryr_cni import vif as vif_model
 from kuryr_cni.binding import hybrid
 from kuryr_cni.binding import owner_tag
+from tools.testbed import host as testhost
+from tools.testbed import ovs as testovs
+from tools.testbed import runtime as testruntime
+from tests.functional import conftest
+from tests.functional import helpers
 from tests.functional.conftest import CAN_RUN
 from tests.functional.conftest import SKIP_REASON
 from tests.functional.test_ovs import BRIDGE
@@ -24,6 +31,7 @@ from tests.functional.test_ovs import MTU
 from tests.functional.test_ovs import external_ids
 from tests.functional.test_ovs import node  # noqa: F401 (fixture)
 from tests.functional.test_ovs import switch  # noqa: F401 (fixture)
+from tests.unit import osvif_fixtures as fx
 
 pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)
 
@@ -47,9 +55,9 @@ def make_vif(n=5, **changes):
     return vif_model.parse_vif(spec)
 
 
-def hybrid_devices(node, vif):
+def hybrid_devices(ns, vif):
     """``{name: link}`` of the port's qbr, qvb and qvo that exist."""
-    links = node.links()
+    links = ns.links()
     return {name: links[name] for name in hybrid.device_names(vif.port_id) if name in links}
 
 
@@ -77,16 +85,6 @@ def test_connect_wires_the_port_as_os_vif_does(node, pod_ns, switch, driver):  #
         'container-id': 'sandbox-a', 'kuryr-cni-owner': owner}
     assert pod.addresses('eth0') == {'10.88.0.5/24', 'fd88::5/64'}
     driver.check(vif, pod.plug(container_id='sandbox-a'))
-
-
-@needs_ping
-def test_traffic_crosses_qbr_and_the_switch(pod_ns, driver):
-    a, b = pod_ns(), pod_ns()
-    driver.connect(make_vif(5), a.plug('sandbox-a'))
-    driver.connect(make_vif(6), b.plug('sandbox-b'))
-    assert a.pings(GATEWAY4)
-    assert a.pings(GATEWAY6)
-    assert b.pings('10.88.0.5')
 
 
 def test_disconnect_removes_every_device_and_the_row(node, pod_ns, switch, driver):  # noqa
@@ -188,3 +186,62 @@ def test_check_names_a_missing_qvo_row(pod_ns, switch, driver):  # noqa: F811
         driver.check(vif, pod.plug())
 
     assert 'OVS port qvo055f3a10-2f is missing' in exc.value.details
+
+
+# -- end to end: a KuryrPort's hybrid VIF, the real shim and daemon ------------------------
+
+@pytest.fixture
+def daemon_on_switch(tmp_path):
+    """A test host whose daemon (KuryrPort source) plugs into a private OVS with br-int;
+    br-int's internal port ``gw-int`` holds 10.20.0.1/24, the router's address."""
+    reason = testovs.missing()
+    if reason:
+        pytest.skip(reason)
+    with testhost.Host(prefix=conftest.SESSION_PREFIX) as host, \
+            testovs.PrivateOVS(host.ns) as private:
+        host.start_api()
+        private.add_bridge(BRIDGE)
+        private.vsctl('add-port', BRIDGE, 'gw-int', '--', 'set', 'Interface', 'gw-int',
+                      'type=internal')
+        testhost.ip('-n', host.ns, 'addr', 'add', '10.20.0.1/24', 'dev', 'gw-int')
+        testhost.ip('-n', host.ns, 'link', 'set', 'gw-int', 'up')
+        host.start_daemon(workers=2, vif_timeout=10, extra=(
+            '\n[cni_daemon]\nvif_source = kuryrport\n'
+            '[binding]\novsdb_connection = %s\n' % private.connection))
+        try:
+            yield host, private
+        finally:
+            host.stop_daemon()
+
+
+@needs_ping
+def test_a_kuryrports_hybrid_vif_is_plugged_for_neutron_and_pings_br_int(
+        daemon_on_switch, tmp_path):
+    host, private = daemon_on_switch
+    network = fx.network([fx.subnet('10.20.0.0/24', ['10.20.0.5'], gateway='10.20.0.1')])
+    host.api.create_kuryrport('default', 'web-0', testhost.NODE,
+                              spec={'podUid': 'uid-web-0', 'podStatic': False,
+                                    'podNodeName': testhost.NODE},
+                              status={'vifs': fx.status_vifs(fx.hybrid_vif(network=network))})
+    runtime = testruntime.Runtime(host.socket, host.state_dir, str(tmp_path / 'cni-cache'),
+                                  shim=host.install_shim())
+    sandbox = testruntime.Sandbox('sandbox-a', host.pod_netns(), 'web-0', pod_uid='uid-web-0')
+    qbr, qvb, qvo = hybrid.device_names(fx.PORT_ID)
+
+    outcome = runtime.add(sandbox)
+
+    assert outcome.ok, outcome
+    assert private.ports(BRIDGE) == {'gw-int', qvo}
+    assert external_ids(private, qvo) == {
+        'iface-id': fx.PORT_ID, 'attached-mac': 'fa:16:3e:98:7b:05', 'iface-status': 'active',
+        'container-id': 'sandbox-a', 'kuryr-cni-owner': 'kuryr-cni:sandbox-a:eth0'}
+    links = host.links()
+    pod_end = links[owner_tag.host_ifname('sandbox-a', 'eth0')]
+    assert links[qvb].get('master') == pod_end.get('master') == links[qbr]['index']
+    assert host.ping(sandbox.netns, '10.20.0.1')
+
+    assert runtime.delete(sandbox).ok
+
+    assert private.ports(BRIDGE) == {'gw-int'}
+    assert not {qbr, qvb, qvo} & set(host.links())
+    assert helpers.leftovers(host) == helpers.NOTHING

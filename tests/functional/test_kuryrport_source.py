@@ -11,7 +11,6 @@ import concurrent.futures
 
 import pytest
 
-from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
 from tools.testbed import ovs as testovs
 from tools.testbed import runtime as testruntime
@@ -172,47 +171,5 @@ def test_open_vswitch_vif_from_a_kuryrport(node, vif_timeout, runtime):
             assert node.ping(sandbox.netns, '10.20.0.1')
             assert runtime.delete(sandbox).ok
             assert switch.ports('br-int') == set()
-        finally:
-            node.stop_daemon()
-
-
-@pytest.mark.parametrize('vif_timeout', [10])
-def test_hybrid_plugged_vif_from_a_kuryrport(node, vif_timeout, runtime):
-    """ML2/OVS with iptables_hybrid: qbr, qvb/qvo, qvo on br-int; the pod pings a port of br-int."""
-    reason = testovs.missing()
-    if reason:
-        pytest.skip(reason)
-    with testovs.PrivateOVS(node.ns) as switch:
-        switch.add_bridge('br-int')
-        switch.vsctl('add-port', 'br-int', 'gw-int', '--', 'set', 'Interface', 'gw-int',
-                     'type=internal')
-        testhost.ip('-n', node.ns, 'addr', 'add', '10.20.0.1/24', 'dev', 'gw-int')
-        testhost.ip('-n', node.ns, 'link', 'set', 'gw-int', 'up')
-        node.start_daemon(workers=2, vif_timeout=vif_timeout, extra=KURYRPORT_SOURCE + (
-            '\n[binding]\novsdb_connection = %s\n' % switch.connection))
-        try:
-            status = {'vifs': fx.status_vifs(fx.hybrid_vif(network=network('10.20.0', 'fd20::')))}
-            _kuryrport(node, status)
-            sandbox = _sandbox(node)
-            qbr, qvb, qvo = (name + fx.PORT_ID[:11] for name in ('qbr', 'qvb', 'qvo'))
-
-            outcome = runtime.add(sandbox)
-
-            assert outcome.ok, outcome
-            assert switch.ports('br-int') == {'gw-int', qvo}
-            ids = dict(switch.interface(qvo)['external_ids'][1])
-            assert ids['iface-id'] == fx.PORT_ID and ids['attached-mac'] == MAC
-            assert ids['iface-status'] == 'active'
-            assert ids['container-id'] == sandbox.container_id
-            links = node.links()
-            pod_end = links[owner_tag.host_ifname(sandbox.container_id, 'eth0')]
-            assert links[qvb].get('master') == pod_end.get('master') == links[qbr]['index']
-            assert node.ping(sandbox.netns, '10.20.0.1')
-
-            assert runtime.delete(sandbox).ok
-
-            assert switch.ports('br-int') == {'gw-int'}
-            assert not {qbr, qvb, qvo} & set(node.links())
-            assert helpers.leftovers(node) == helpers.NOTHING
         finally:
             node.stop_daemon()

@@ -25,8 +25,8 @@ NESTED = binding.Options(link_iface='ens3', parents=('ens4', 'trunk*'))
 ALLOWED = [
     ('the default bridge', vif(), DEFAULTS),
     ('br-int for ovs', vif(kind='ovs', bridge='br-int'), DEFAULTS),
-    ('a hybrid port\'s qbr and br-int', vif(kind='ovs-hybrid', bridge='qbrport-5',
-                                             integration_bridge='br-int'), DEFAULTS),
+    ('a hybrid port\'s qbr and br-int',
+     vif(kind='ovs-hybrid', bridge='qbrport-5', integration_bridge='br-int'), DEFAULTS),
     ('a pattern', vif(bridge='evbr3'), binding.Options(bridges=('evbr?',))),
     ('a nested VIF naming no parent', vif(kind='macvlan', bridge=None), DEFAULTS),
     ('link_iface', vif(kind='vlan', bridge=None, parent='ens3', vlan_id=5), NESTED),
@@ -45,8 +45,8 @@ REFUSED = [
      binding.Options(bridges=('br-int',)), 'bridge qbrport-5'),
     ('patterns match case', vif(bridge='KURYR-br0'), DEFAULTS, 'bridge KURYR-br0'),
     ('an empty list', vif(), binding.Options(bridges=()), 'bridge kuryr-br0'),
-    ('a parent with no link_iface nor parents', vif(kind='macvlan', bridge=None,
-                                                     parent='eth0'), DEFAULTS, 'parent eth0'),
+    ('a parent with no link_iface nor parents',
+     vif(kind='macvlan', bridge=None, parent='eth0'), DEFAULTS, 'parent eth0'),
     ('an unlisted parent', vif(kind='vlan', bridge=None, parent='eth0', vlan_id=5), NESTED,
      'parent eth0'),
 ]

@@ -281,7 +281,7 @@ INVALID = [
     ('ovs-hybrid naming another port\'s qbr', one(kind='ovs-hybrid', bridge='qbr11111111-22',
                                                   integration_bridge='br-int')),
     ('ovs-hybrid naming a shared bridge', one(kind='ovs-hybrid', bridge='kuryr-br0',
-                                             integration_bridge='br-int')),
+                                              integration_bridge='br-int')),
     ('ovs-hybrid port making no device name', one(kind='ovs-hybrid', port_id='a:b',
                                                   bridge='qbrab', integration_bridge='br-int')),
     ('integration bridge on another kind', one(integration_bridge='br-int')),
