@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from kuryr_cni import binding
 from kuryr_cni import kernel as kernel_port
 from kuryr_cni import metrics
 from kuryr_cni import ownership
@@ -52,7 +53,9 @@ def world(netns_factory, tmp_path, monkeypatch):
         rules = ownership.Ownership(
             registry=registry, store=state.BindingStore(str(tmp_path / 'state')),
             locks=podlock.PodLocks(state.ensure_dir(str(tmp_path / 'state' / 'locks'))),
-            kernel=kernel_port.Kernel(host_netns=host.path), vif_timeout=2)
+            kernel=kernel_port.Kernel(host_netns=host.path,
+                                      binding_options=binding.Options(link_iface='trunk0')),
+            vif_timeout=2)
         yield rules, kernel, netns_factory, evictions
     finally:
         manager.shutdown()

@@ -23,7 +23,7 @@ import ipaddress
 from kuryr_cni import errors
 from kuryr_cni.binding import podside
 
-HOST_SIDE_KINDS = ('bridge', 'ovs')
+HOST_SIDE_KINDS = ('bridge', 'ovs', 'ovs-hybrid')
 
 
 class RecordingKernel:
