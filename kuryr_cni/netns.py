@@ -299,6 +299,16 @@ def _proc_net_address(text):
     return str(ipaddress.ip_address(raw))
 
 
+def device_names(path=None):
+    """Names of the devices in namespace ``path`` (None: the daemon's own).
+
+    ``if_nameindex(3)``, as :func:`link_names` but for the host side:
+    ``path`` is not checked as a pod's namespace is. Far cheaper than a
+    netlink dump, which decodes every link (~1 ms each).
+    """
+    return [name for _index, name in _call_in(path, socket.if_nameindex)]
+
+
 def socket_in(path, family, type, proto=0):
     """Return a new socket created inside a network namespace.
 
