@@ -3,12 +3,14 @@
 As in test_ovs.py: the test's own ``ovsdb-server`` and ``ovs-vswitchd``
 (userspace ``netdev`` datapath) inside the node namespace. The driver's
 tests check every device of a hybrid port as os-vif wires it; the last test
-runs a KuryrPort's hybrid VIF through the real shim and daemon, and the pod
-pings an internal port of the integration bridge across qbr, the qvb/qvo
-pair and the switch.
+runs a KuryrPort's hybrid VIF through the real shim and daemon behind the
+stand-in Neutron (which activates the port only once it sees qvo on the
+integration bridge), and the pod pings an internal port of the integration
+bridge across qbr, the qvb/qvo pair and the switch.
 """
 
 import shutil
+import time
 
 import pytest
 
@@ -18,6 +20,7 @@ from kuryr_cni import vif as vif_model
 from kuryr_cni.binding import hybrid
 from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
+from tools.testbed import neutron as testneutron
 from tools.testbed import ovs as testovs
 from tools.testbed import runtime as testruntime
 from tests.functional import conftest
@@ -215,22 +218,28 @@ def daemon_on_switch(tmp_path):
 
 
 @needs_ping
-def test_a_kuryrports_hybrid_vif_is_plugged_for_neutron_and_pings_br_int(
+def test_a_kuryrports_hybrid_vif_turns_active_once_plugged_and_pings_br_int(
         daemon_on_switch, tmp_path):
+    """The stand-in Neutron activates the port only once it sees qvo on br-int."""
     host, private = daemon_on_switch
     network = fx.network([fx.subnet('10.20.0.0/24', ['10.20.0.5'], gateway='10.20.0.1')])
-    host.api.create_kuryrport('default', 'web-0', testhost.NODE,
-                              spec={'podUid': 'uid-web-0', 'podStatic': False,
-                                    'podNodeName': testhost.NODE},
-                              status={'vifs': fx.status_vifs(fx.hybrid_vif(network=network))})
+    host.api.create_pod('default', 'web-0', testhost.NODE, uid='uid-web-0')
+    host.api.create_kuryrport(
+        'default', 'web-0', testhost.NODE,
+        spec={'podUid': 'uid-web-0', 'podStatic': False, 'podNodeName': testhost.NODE},
+        status={'vifs': fx.status_vifs(fx.hybrid_vif(active=False, network=network))})
     runtime = testruntime.Runtime(host.socket, host.state_dir, str(tmp_path / 'cni-cache'),
                                   shim=host.install_shim())
     sandbox = testruntime.Sandbox('sandbox-a', host.pod_netns(), 'web-0', pod_uid='uid-web-0')
     qbr, qvb, qvo = hybrid.device_names(fx.PORT_ID)
 
-    outcome = runtime.add(sandbox)
+    with testneutron.StandInNeutron(host, private) as neutron:
+        neutron.serve_kuryrport('default', 'web-0')
+        outcome = runtime.add(sandbox)
+        answered = time.monotonic()
 
     assert outcome.ok, outcome
+    assert neutron.activations[fx.PORT_ID] <= answered     # activated on qvo, meanwhile
     assert private.ports(BRIDGE) == {'gw-int', qvo}
     assert external_ids(private, qvo) == {
         'iface-id': fx.PORT_ID, 'attached-mac': 'fa:16:3e:98:7b:05', 'iface-status': 'active',
