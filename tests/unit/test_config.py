@@ -28,18 +28,19 @@ def test_defaults_match_the_contract(tmp_path):
     assert conf.cni_daemon.socket == '/run/kuryr-cni/daemon.sock'
     assert conf.cni_daemon.state_dir == '/var/lib/kuryr-cni'
     assert 'bind_address' not in conf.cni_daemon        # no TCP listener (issue 13 item 1)
-    assert conf.cni_daemon.vif_source == 'annotation'
+    assert conf.cni_daemon.vif_source == 'kuryrport'    # what kuryr-controller writes
     assert conf.binding.ovsdb_connection == 'unix:/run/openvswitch/db.sock'
-    assert (conf.health.host, conf.health.port) == ('0.0.0.0', 8090)
-    assert (conf.prometheus.host, conf.prometheus.port) == ('0.0.0.0', 9655)
+    assert (conf.health.host, conf.health.port) == ('::', 8090)
+    assert (conf.prometheus.host, conf.prometheus.port) == ('::', 9655)
+    assert conf.kubernetes.verify_server_cert is True
 
 
 def test_a_config_file_overrides_and_bad_values_are_refused(tmp_path):
     path = tmp_path / 'k.conf'
-    path.write_text('[cni_daemon]\nworker_count = 2\nvif_source = kuryrport\n')
+    path.write_text('[cni_daemon]\nworker_count = 2\nvif_source = annotation\n')
     conf = config.load(['--config-file', str(path)])
     assert conf.cni_daemon.worker_count == 2
-    assert conf.cni_daemon.vif_source == 'kuryrport'
+    assert conf.cni_daemon.vif_source == 'annotation'
     path.write_text('[cni_daemon]\nvif_source = somewhere\n')
     conf = config.load(['--config-file', str(path)])
     try:
@@ -71,7 +72,7 @@ def _validated(path):
      '[cni_daemon] worker_count: Should be greater than or equal to 1'),
     ('[cni_daemon]\nworker_count = many\n', '[cni_daemon] worker_count: '),
     ('[cni_daemon]\nvif_source = somewhere\n',
-     "[cni_daemon] vif_source: Valid values are [annotation, kuryrport], but found 'somewhere'"),
+     "[cni_daemon] vif_source: Valid values are [kuryrport, annotation], but found 'somewhere'"),
     ('[health]\nport = 99999\n', '[health] port: Should be less than or equal to 65535'),
     ('[DEFAULT]\ndebug = perhaps\n', '[DEFAULT] debug: Invalid Boolean value: perhaps'),
     ('[cni_daemon]\nsocket = run/daemon.sock\n',

@@ -106,9 +106,12 @@ class Host:
         return path
 
     def start_daemon(self, workers=4, vif_timeout=20, extra='', wait=True, timeout=60,
-                     env=None):
-        """Start the daemon; ``env`` adds to its environment (e.g. WATCHDOG_USEC)."""
-        config = self.write_config(workers, vif_timeout, extra)
+                     env=None, config_files=None):
+        """Start the daemon; ``env`` adds to its environment (e.g. WATCHDOG_USEC).
+
+        ``config_files`` replace the file :meth:`write_config` writes.
+        """
+        files = config_files or [self.write_config(workers, vif_timeout, extra)]
         notify_path = os.path.join(self.workdir, 'notify.sock')
         with contextlib.suppress(FileNotFoundError):
             os.unlink(notify_path)
@@ -116,7 +119,8 @@ class Host:
         self._notify.bind(notify_path)
         env = dict(os.environ, NOTIFY_SOCKET=notify_path, **(env or {}))
         self.daemon = subprocess.Popen(
-            ['ip', 'netns', 'exec', self.ns, *daemon_command(), '--config-file', config],
+            ['ip', 'netns', 'exec', self.ns, *daemon_command(),
+             *(arg for path in files for arg in ('--config-file', path))],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.workdir, 'daemon.stderr'), 'ab'),
             start_new_session=True)
@@ -260,6 +264,7 @@ socket = {socket}
 state_dir = {state_dir}
 worker_count = {workers}
 vif_timeout = {vif_timeout}
+vif_source = annotation
 
 [kubernetes]
 api_root = {api_root}
