@@ -340,8 +340,8 @@ def _check_names(conf):
                     notes.append(Note(std_logging.WARNING, '%s: [%s] %s is ignored: %s' % (
                         path, section, name, ignored.why)))
     if controller:
-        notes.append(Note(std_logging.INFO, 'Ignored as kuryr-controller\'s: %s' % ', '.join(
-            ('[%s] %s' % (section, ' '.join(names))).strip()
+        notes.append(Note(std_logging.INFO, 'Ignored as kuryr-controller\'s: %s' % '; '.join(
+            ('[%s] %s' % (section, ', '.join(names))).strip()
             for section, names in controller.items())))
     return where, notes
 

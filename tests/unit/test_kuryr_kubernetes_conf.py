@@ -61,8 +61,8 @@ def test_what_it_holds_for_others_is_ignored_once_each_saying_why(tmp_path):
     assert [n.level for n in notes if n.message == controller] == [logging.INFO]
     for group in ('[neutron]', '[neutron_defaults]', '[vif_pool]', '[pod_vif_nested]',
                   '[octavia_defaults]', '[health_server]', '[cache_defaults]'):
-        assert group + ',' in controller + ','
-    assert '[kubernetes] pod_project_driver ' in controller
+        assert group + ';' in controller + ';'
+    assert '[kubernetes] pod_project_driver, ' in controller
     assert '[prometheus_exporter] controller_exporter_port' in controller
     # Nothing of what the ignored groups hold is repeated, secrets least of all.
     assert all('secret-not-for-logs' not in n.message for n in notes)

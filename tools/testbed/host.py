@@ -210,12 +210,13 @@ class Host:
                                str(count), '-W', str(wait), '-q', address],
                               capture_output=True, timeout=30).returncode == 0
 
-    def http_get(self, port, path, timeout=10):
-        """GET ``path`` from 127.0.0.1:``port`` inside the host namespace."""
-        sock = netns.socket_in(self.path, socket.AF_INET, socket.SOCK_STREAM)
+    def http_get(self, port, path, timeout=10, address='127.0.0.1'):
+        """GET ``path`` from ``address``:``port`` inside the host namespace."""
+        family = socket.AF_INET6 if ':' in address else socket.AF_INET
+        sock = netns.socket_in(self.path, family, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         with sock:
-            sock.connect(('127.0.0.1', port))
+            sock.connect((address, port))
             sock.sendall(('GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n' % path).encode())
             data = b''
             while chunk := sock.recv(65536):
