@@ -14,7 +14,6 @@ import contextlib
 import difflib
 import glob
 import io
-import logging as std_logging
 import os
 import re
 import socket
@@ -265,20 +264,28 @@ def validate(conf):
             if check and value is not None and not check(value):
                 raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
         if conf.kubernetes.api_root and not conf.kubernetes.verify_server_cert:
-            notes.append(Note(std_logging.WARNING, 'The API server\'s certificate is not '
+            notes.append(Note(logging.WARNING, 'The API server\'s certificate is not '
                               'verified ([kubernetes] verify_server_cert is false)'))
     return notes
 
 
 @contextlib.contextmanager
 def _quiet_deprecations():
-    oslo_config_log = std_logging.getLogger('oslo_config.cfg')
-    level = oslo_config_log.level
-    oslo_config_log.setLevel(std_logging.ERROR)
+    """Hold back oslo.config's own report of each deprecated name read.
+
+    It would reach stderr before logging is set up; the notes of
+    :func:`_check_names` say the same in the daemon's log.
+    """
+    oslo_config_log = cfg.LOG
+    oslo_config_log.addFilter(_drop)
     try:
         yield
     finally:
-        oslo_config_log.setLevel(level)
+        oslo_config_log.removeFilter(_drop)
+
+
+def _drop(record):
+    return False
 
 
 def _every_option(conf):
@@ -326,7 +333,7 @@ def _check_names(conf):
                     spelled = '%s: [%s] %s' % (path, section, name)
                     if (group, name) in renamed:
                         read_as = 'read as [%s] %s' % renamed[(group, name)]
-                        notes.append(Note(std_logging.INFO, '%s is %s' % (spelled, read_as)))
+                        notes.append(Note(logging.INFO, '%s is %s' % (spelled, read_as)))
                         spelled += ' (%s)' % read_as
                     where[renamed.get((group, name), (group, name))] = spelled
                     continue
@@ -337,10 +344,10 @@ def _check_names(conf):
                 if ignored.controller:
                     controller.setdefault(section, []).append(name)
                 else:
-                    notes.append(Note(std_logging.WARNING, '%s: [%s] %s is ignored: %s' % (
+                    notes.append(Note(logging.WARNING, '%s: [%s] %s is ignored: %s' % (
                         path, section, name, ignored.why)))
     if controller:
-        notes.append(Note(std_logging.INFO, 'Ignored as kuryr-controller\'s: %s' % '; '.join(
+        notes.append(Note(logging.INFO, 'Ignored as kuryr-controller\'s: %s' % '; '.join(
             ('[%s] %s' % (section, ', '.join(names))).strip()
             for section, names in controller.items())))
     return where, notes
