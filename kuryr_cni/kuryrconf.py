@@ -24,6 +24,17 @@ class Ignored(typing.NamedTuple):
 
 _CONTROLLER = Ignored(True)
 
+# Why the old daemon's options mean nothing here.
+_PRIVSEP = ('the daemon runs privileged and plugs with pyroute2 and OVSDB itself; '
+            'os-vif\'s privsep helper is not used')
+_WATCH = 'the watch is ended by the API server every [kubernetes] watch_timeout s and resumed'
+_BY_KIND = 'each VIF is plugged by the driver of its kind, as kuryr-controller wrote it'
+_NETNS = 'network namespaces are found by the path the runtime gives (CNI_NETNS)'
+_BOUNDED = 'netlink and OVSDB calls are bounded by [cni_daemon] request_timeout'
+_LOCKS = 'per-pod locks live in [cni_daemon] state_dir'
+_MEMORY = 'limit the memory of the container or the systemd unit (MemoryMax=) instead'
+_BRIDGE = 'ports are plugged into the bridge the VIF names'
+
 # Groups only kuryr-controller reads.
 CONTROLLER_GROUPS = frozenset({
     'neutron', 'neutron_defaults', 'octavia_defaults', 'cache_defaults', 'subnet_caching',
@@ -32,16 +43,13 @@ CONTROLLER_GROUPS = frozenset({
     'kuryr-kubernetes', 'sriov', 'ingress',
 })
 
-_PRIVSEP = ('the daemon runs privileged and plugs with pyroute2 and OVSDB itself; '
-            'os-vif\'s privsep helper is not used')
-
 # Groups of the old daemon's (kuryr-daemon, os-vif) with no meaning here.
 _DAEMON_GROUPS = {
     'vhostuser': 'vhost-user ports are not supported',
     'nested_dpdk': 'DPDK ports are not supported',
     'vif_plug_ovs_privileged': _PRIVSEP,
     'vif_plug_linux_bridge_privileged': _PRIVSEP,
-    'oslo_concurrency': 'per-pod locks live in [cni_daemon] state_dir',
+    'oslo_concurrency': _LOCKS,
 }
 
 _KUBERNETES_CONTROLLER = (
@@ -56,59 +64,44 @@ _KUBERNETES_CONTROLLER = (
     'network_policy_driver', 'multi_vif_drivers', 'additional_ifname_prefix', 'use_events',
 )
 
-_WATCH = 'the watch is ended by the API server every [kubernetes] watch_timeout s and resumed'
-
-# (group, option) -> its meaning here, for options of groups kuryr-cni also has
-# (or reads a deprecated name from).
-_OPTIONS = {
-    # kuryr-lib's and kuryr-kubernetes' own [DEFAULT] options.
-    ('DEFAULT', 'pybasedir'): _CONTROLLER,
-    ('DEFAULT', 'bindir'): Ignored(False, 'there are no binding executables'),
-    ('DEFAULT', 'subnetpool_name_prefix'): _CONTROLLER,
-    ('DEFAULT', 'deployment_type'): _CONTROLLER,
-    ('DEFAULT', 'lock_path'): Ignored(False, 'per-pod locks live in [cni_daemon] state_dir'),
-    ('cni_daemon', 'daemon_enabled'): Ignored(False, 'kuryr-cni is always a daemon'),
-    ('cni_daemon', 'bind_address'): Ignored(
-        False, 'the shim reaches the daemon over the unix socket [cni_daemon] socket, never TCP'),
-    ('cni_daemon', 'docker_mode'): Ignored(
-        False, 'network namespaces are found by the path the runtime gives (CNI_NETNS)'),
-    ('cni_daemon', 'netns_proc_dir'): Ignored(
-        False, 'network namespaces are found by the path the runtime gives (CNI_NETNS)'),
-    ('cni_daemon', 'pyroute2_timeout'): Ignored(
-        False, 'netlink calls are bounded by [cni_daemon] request_timeout'),
-    ('cni_daemon', 'cni_failures_count'): Ignored(
-        False, 'a failing request makes no process unhealthy; /alive and /ready judge the '
-               'workers and the watcher themselves'),
-    ('kubernetes', 'watch_retry_timeout'): Ignored(
-        False, 'the watch is retried for as long as the daemon runs, with backoff'),
-    ('kubernetes', 'watch_connection_timeout'): Ignored(False, _WATCH),
-    ('kubernetes', 'watch_read_timeout'): Ignored(False, _WATCH),
-    ('kubernetes', 'watch_reconcile_period'): Ignored(False, _WATCH),
-    ('binding', 'default_driver'): Ignored(
-        False, 'each VIF is plugged by the driver of its kind, as kuryr-controller wrote it'),
-    ('binding', 'driver'): Ignored(
-        False, 'each VIF is plugged by the driver of its kind, as kuryr-controller wrote it'),
-    ('binding', 'enabled_drivers'): Ignored(
-        False, 'each VIF is plugged by the driver of its kind, as kuryr-controller wrote it'),
-    ('binding', 'veth_dst_prefix'): Ignored(
-        False, 'the pod side is named by the runtime (CNI_IFNAME)'),
-    ('cni_health_server', 'max_memory_usage'): Ignored(
-        False, 'limit the memory of the container or the systemd unit (MemoryMax=) instead'),
-    ('cni_health_server', 'cg_path'): Ignored(
-        False, 'limit the memory of the container or the systemd unit (MemoryMax=) instead'),
-    ('prometheus_exporter', 'controller_exporter_port'): _CONTROLLER,
-    ('os_vif_ovs', 'ovs_vsctl_timeout'): Ignored(False, 'OVSDB calls are bounded by '
-                                                        '[cni_daemon] request_timeout'),
-    ('os_vif_ovs', 'ovsdb_interface'): Ignored(False, 'OVSDB is always spoken natively'),
-    ('os_vif_ovs', 'timeout'): Ignored(False, 'OVSDB calls are bounded by '
-                                              '[cni_daemon] request_timeout'),
-    ('os_vif_ovs', 'per_port_bridge'): Ignored(False, 'ports are plugged into the bridge the '
-                                                      'VIF names'),
-    ('os_vif_ovs', 'isolate_vif'): Ignored(False, 'ports are plugged into the bridge the '
-                                                  'VIF names'),
-    ('os_vif_ovs', 'default_qos_type'): Ignored(False, 'QoS is not set on ports'),
+# (group, option) -> why it means nothing here, for the old daemon's options
+# in groups kuryr-cni also has (or reads a deprecated name from).
+_DAEMON_OPTIONS = {
+    ('DEFAULT', 'bindir'): 'there are no binding executables',
+    ('DEFAULT', 'lock_path'): _LOCKS,
+    ('cni_daemon', 'daemon_enabled'): 'kuryr-cni is always a daemon',
+    ('cni_daemon', 'bind_address'):
+        'the shim reaches the daemon over the unix socket [cni_daemon] socket, never TCP',
+    ('cni_daemon', 'docker_mode'): _NETNS,
+    ('cni_daemon', 'netns_proc_dir'): _NETNS,
+    ('cni_daemon', 'pyroute2_timeout'): _BOUNDED,
+    ('cni_daemon', 'cni_failures_count'):
+        'a failing request makes no process unhealthy; /alive and /ready judge the workers '
+        'and the watcher themselves',
+    ('kubernetes', 'watch_retry_timeout'):
+        'the watch is retried for as long as the daemon runs, with backoff',
+    ('kubernetes', 'watch_connection_timeout'): _WATCH,
+    ('kubernetes', 'watch_read_timeout'): _WATCH,
+    ('kubernetes', 'watch_reconcile_period'): _WATCH,
+    ('binding', 'default_driver'): _BY_KIND,
+    ('binding', 'driver'): _BY_KIND,
+    ('binding', 'enabled_drivers'): _BY_KIND,
+    ('binding', 'veth_dst_prefix'): 'the pod side is named by the runtime (CNI_IFNAME)',
+    ('cni_health_server', 'max_memory_usage'): _MEMORY,
+    ('cni_health_server', 'cg_path'): _MEMORY,
+    ('os_vif_ovs', 'ovs_vsctl_timeout'): _BOUNDED,
+    ('os_vif_ovs', 'timeout'): _BOUNDED,
+    ('os_vif_ovs', 'ovsdb_interface'): 'OVSDB is always spoken natively',
+    ('os_vif_ovs', 'per_port_bridge'): _BRIDGE,
+    ('os_vif_ovs', 'isolate_vif'): _BRIDGE,
+    ('os_vif_ovs', 'default_qos_type'): 'QoS is not set on ports',
 }
-_OPTIONS.update({('kubernetes', name): _CONTROLLER for name in _KUBERNETES_CONTROLLER})
+
+# kuryr-controller's options in groups kuryr-cni also has.
+_CONTROLLER_OPTIONS = {
+    ('DEFAULT', 'pybasedir'), ('DEFAULT', 'subnetpool_name_prefix'),
+    ('DEFAULT', 'deployment_type'), ('prometheus_exporter', 'controller_exporter_port'),
+} | {('kubernetes', name) for name in _KUBERNETES_CONTROLLER}
 
 
 def judge(group, option):
@@ -116,11 +109,10 @@ def judge(group, option):
 
     None for a name upstream does not define either: the caller refuses it.
     """
-    if group in CONTROLLER_GROUPS:
+    if group in CONTROLLER_GROUPS or (group, option) in _CONTROLLER_OPTIONS:
         return _CONTROLLER
-    if group in _DAEMON_GROUPS:
-        return Ignored(False, _DAEMON_GROUPS[group])
-    return _OPTIONS.get((group, option))
+    why = _DAEMON_GROUPS.get(group) or _DAEMON_OPTIONS.get((group, option))
+    return Ignored(False, why) if why else None
 
 
 def is_upstream_group(group):

@@ -773,7 +773,8 @@ def test_extra_fails_without_the_daemon_binary(host):
 
 @pytest.mark.parametrize('bind, url_host', [
     ('0.0.0.0', '127.0.0.1'), ('', '127.0.0.1'), ('192.0.2.5', '192.0.2.5'),
-    ('::', '127.0.0.1'), ('[::]', '127.0.0.1'), ('2001:db8::5', '[2001:db8::5]'), ('[2001:db8::5]', '[2001:db8::5]'),
+    ('::', '127.0.0.1'), ('[::]', '127.0.0.1'), ('2001:db8::5', '[2001:db8::5]'),
+    ('[2001:db8::5]', '[2001:db8::5]'),
 ])
 def test_ready_url_reaches_the_health_server_bind_address(host, bind, url_host):
     proc = host.run_code('kuryr_cni_ready_url', env={

@@ -1,4 +1,4 @@
-"""What gets shipped: the wheel built from setup.cfg and pyproject.toml, and the image's build context.
+"""What gets shipped: the wheel (setup.cfg, pyproject.toml) and the image's build context.
 
 The wheel is built for real (``pip wheel --no-deps``, the build backend
 fetched by pip as for any install) from a copy of the checkout in a

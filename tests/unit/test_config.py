@@ -79,6 +79,20 @@ def _validated(path):
      "[cni_daemon] socket: 'run/daemon.sock' must be an absolute path"),
     ('[kubernetes]\nkubeconfig = /nonexistent/kubeconfig\n',
      "[kubernetes] kubeconfig: '/nonexistent/kubeconfig' no such file"),
+    # kuryr-kubernetes' names are known; typos of them, in our groups or in the groups
+    # our deprecated names come from, still end the start.
+    ('[cni_daemon]\nworker_nmu = 3\n',
+     '[cni_daemon] worker_nmu: unknown option (did you mean worker_num?)'),
+    ('[kubernetes]\nssl_ca_crt_fiel = /x\n',
+     '[kubernetes] ssl_ca_crt_fiel: unknown option (did you mean ssl_ca_crt_file?)'),
+    ('[cni_health_server]\nprot = 8090\n',
+     '[cni_health_server] prot: unknown option (did you mean port?)'),
+    ('[prometheus_exporter]\ncni_exporter_prot = 1\n',
+     '[prometheus_exporter] cni_exporter_prot: unknown option (did you mean '
+     'cni_exporter_port?)'),
+    ('[neutron_defualts]\nproject = x\n', '[neutron_defualts]: unknown group'),
+    ('[cni_daemon]\nworker_num = 0\n', '[cni_daemon] worker_num (read as [cni_daemon] '
+     'worker_count): Should be greater than or equal to 1'),
 ])
 def test_every_problem_is_one_line_naming_file_option_and_problem(tmp_path, text, line):
     path = tmp_path / 'kuryr-cni.conf'

@@ -9,15 +9,8 @@ tests/functional/test_kuryr_kubernetes_conf.py.
 import logging
 import socket
 
-import pytest
-
 from kuryr_cni import conf as config
 from tests import fixtures
-
-
-
-def upstream_conf(tmp_path, **values):
-    return fixtures.kuryr_kubernetes_conf(tmp_path, **values)
 
 
 def _loaded(*paths):
@@ -26,12 +19,12 @@ def _loaded(*paths):
 
 
 def test_its_names_for_ours_are_read(tmp_path):
-    path = upstream_conf(tmp_path)
+    path = fixtures.kuryr_kubernetes_conf(tmp_path)
     conf, _ = _loaded(path)
     assert conf.cni_daemon.worker_count == 3                      # worker_num
     assert conf.cni_daemon.vif_timeout == 45                      # vif_annotation_timeout
     assert conf.health.port == 8091                               # [cni_health_server] port
-    assert conf.prometheus.port == 9656                           # [prometheus_exporter] cni_exporter_port
+    assert conf.prometheus.port == 9656         # [prometheus_exporter] cni_exporter_port
     assert conf.kubernetes.api_root == 'https://192.0.2.10:6443'
     assert conf.kubernetes.token_file == str(tmp_path / 'token')
     assert conf.kubernetes.ca_file == str(tmp_path / 'ca.crt')    # ssl_ca_crt_file
@@ -41,17 +34,11 @@ def test_its_names_for_ours_are_read(tmp_path):
 
 
 def test_what_it_holds_for_others_is_ignored_once_each_saying_why(tmp_path):
-    path = upstream_conf(tmp_path)
+    path = fixtures.kuryr_kubernetes_conf(tmp_path)
     _, notes = _loaded(path)
     warnings = [n.message for n in notes if n.level == logging.WARNING]
     ignored = sorted(m.split(': ', 1)[1].split(' is ignored: ')[0] for m in warnings)
-    assert ignored == sorted([
-        '[DEFAULT] lock_path', '[binding] default_driver', '[cni_daemon] bind_address',
-        '[cni_daemon] pyroute2_timeout', '[cni_daemon] docker_mode',
-        '[cni_daemon] netns_proc_dir', '[cni_daemon] cni_failures_count',
-        '[cni_health_server] max_memory_usage', '[kubernetes] watch_retry_timeout',
-        '[oslo_concurrency] lock_path', '[vif_plug_linux_bridge_privileged] helper_command',
-        '[vif_plug_ovs_privileged] helper_command'])
+    assert ignored == fixtures.KURYR_KUBERNETES_CONF_IGNORED
     assert all(m.startswith(str(path) + ': ') and m.split(' is ignored: ')[1]
                for m in warnings)
     assert ('%s: [cni_daemon] bind_address is ignored: the shim reaches the daemon over the '
@@ -82,31 +69,8 @@ def test_what_it_holds_for_others_is_ignored_once_each_saying_why(tmp_path):
 def test_a_later_file_of_ours_overrides_its_names(tmp_path):
     ours = tmp_path / 'kuryr-cni.conf'
     ours.write_text('[cni_daemon]\nworker_count = 5\n[health]\nport = 8095\n')
-    conf, _ = _loaded(upstream_conf(tmp_path), ours)
+    conf, _ = _loaded(fixtures.kuryr_kubernetes_conf(tmp_path), ours)
     assert (conf.cni_daemon.worker_count, conf.health.port) == (5, 8095)
-
-
-@pytest.mark.parametrize('text, line', [
-    # Typos in our groups, and in the groups we read names from, still end the start.
-    ('[cni_daemon]\nworker_nmu = 3\n',
-     '[cni_daemon] worker_nmu: unknown option (did you mean worker_num?)'),
-    ('[kubernetes]\nssl_ca_crt_fiel = /x\n',
-     '[kubernetes] ssl_ca_crt_fiel: unknown option (did you mean ssl_ca_crt_file?)'),
-    ('[cni_health_server]\nprot = 8090\n',
-     '[cni_health_server] prot: unknown option (did you mean port?)'),
-    ('[prometheus_exporter]\ncni_exporter_prot = 1\n',
-     '[prometheus_exporter] cni_exporter_prot: unknown option (did you mean '
-     'cni_exporter_port?)'),
-    ('[neutron_defualts]\nproject = x\n', '[neutron_defualts]: unknown group'),
-    ('[cni_daemon]\nworker_num = 0\n', '[cni_daemon] worker_num (read as [cni_daemon] '
-     'worker_count): Should be greater than or equal to 1'),
-])
-def test_a_typo_is_still_one_line(tmp_path, text, line):
-    path = tmp_path / 'kuryr.conf'
-    path.write_text(text)
-    with pytest.raises(config.ConfigError) as info:
-        _loaded(path)
-    assert str(info.value).startswith('%s: %s' % (path, line)), str(info.value)
 
 
 def test_old_daemon_options_of_any_release_are_named(tmp_path):
