@@ -52,19 +52,24 @@ class CNIApp:
             answer = (204, b'') if result is None else (200, json.dumps(result).encode())
         except errors.CNIError as exc:
             error = exc
+            level = logging.WARNING if exc.retry else logging.INFO
         except (ConnectionError, EOFError) as exc:
             # The registry Manager is gone; the supervisor restarts the daemon.
             error = errors.TryAgainLater('daemon registry unavailable', str(exc))
+            level = logging.ERROR
         except Exception as exc:
             LOG.exception('%s failed unexpectedly', command)
             error = errors.CNIError('internal error', repr(exc))
+            level = logging.ERROR
         finally:
             metrics.in_flight(-1)
             seconds = time.monotonic() - started
             metrics.observe_request(command or 'unknown', outcome, seconds)
         # Outside the except clauses: oslo.log would append the exception being
         # handled to a WARNING, a second, garbled account of the same error.
-        _log_request(command or path, req, outcome, error, seconds)
+        if error is None:
+            level = logging.DEBUG if command == 'STATUS' else logging.INFO
+        _log_request(level, command or path, req, outcome, error, seconds)
         if error is not None:
             return error.http_status, _error_json(error, body)
         return answer
@@ -181,24 +186,21 @@ def _valid_attachments(config):
     return valid
 
 
-def _log_request(command, req, outcome, error, seconds):
+def _log_request(level, command, req, outcome, error, seconds):
     """The one line of a CNI request: who asked what, and how it ended.
 
     Names the pod, the sandbox and the interface as the runtime gave them,
-    never the network config (it may hold anything). A STATUS that succeeds,
-    asked for by the runtime at its own pace and naming no pod, is DEBUG.
+    never the network config (it may hold anything).
     """
     pod = '%s/%s' % (req.pod.namespace, req.pod.name) if req and req.pod else '-'
     who = '%s pod %s container %s ifname %s' % (
         command, pod, (req and req.container_id) or '-', (req and req.ifname) or '-')
     if error is None:
-        level = logging.DEBUG if command == 'STATUS' else logging.INFO
         LOG.log(level, '%s: %s (code 0) in %.3f s', who, outcome, seconds)
-        return
-    level = logging.WARNING if error.retry or error.code == errors.CNIError.code else logging.INFO
-    LOG.log(level, '%s: error code %d %s: %s%s in %.3f s', who, error.code,
-            type(error).__name__, error.msg, ' (%s)' % error.details if error.details else '',
-            seconds)
+    else:
+        LOG.log(level, '%s: error code %d %s: %s%s in %.3f s', who, error.code,
+                type(error).__name__, error.msg,
+                ' (%s)' % error.details if error.details else '', seconds)
 
 
 def _error_json(exc, body):

@@ -54,9 +54,9 @@ def test_runs_on_kuryr_kubernetes_conf_with_its_workers_and_ports(node):
     upstream = fixtures.kuryr_kubernetes_conf(
         upstream_dir, API_ROOT=node.api.url, LOG_FILE=os.path.join(node.workdir, 'daemon.log'),
         HEALTH_PORT='8091', METRICS_PORT='9656')
-    started = time.monotonic()
     node.start_daemon(config_files=[helpers.node_config(node, api=False), str(upstream)],
                       env={'KUBERNETES_NODE_NAME': 'worker-3'})
+    started = time.monotonic()          # READY=1: serving from here on
     pids = node.daemon_pids()
     assert _titles(node).count('kuryr-cni-daemon: cni-worker') == 3      # worker_num = 3
 
