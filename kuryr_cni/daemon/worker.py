@@ -44,9 +44,9 @@ def server_limits(opts):
 
 
 def build_event_poster(conf):
-    """Kubernetes Events about pods whose ADD timed out (posted from a thread)."""
+    """Kubernetes Events about pods whose ADD waits for VIFs (posted from a thread)."""
     return events.EventPoster(lambda: apiclient.from_options(conf.kubernetes),
-                              conf.cni_daemon.node_name)
+                              conf.cni_daemon.node_name, conf.cni_daemon.vif_source)
 
 
 class CNIWorker(cotyledon.Service):
