@@ -36,7 +36,7 @@ def ip(*args, check=True):
 
 class Host:
     def __init__(self, prefix='kc', workdir=None, bridge=True, netns=None):
-        """``netns``: an existing namespace to be the host (its maker removes it), else a new one."""
+        """``netns``: an existing namespace to be the host (its maker removes it), else new."""
         self.tag = '%s-%s' % (prefix, uuid.uuid4().hex[:6])
         self.ns = netns or self.tag + '-host'
         self._own_ns = netns is None
