@@ -2,6 +2,7 @@
 
 import copy
 import json
+import os
 
 import pytest
 
@@ -22,6 +23,25 @@ def test_open_vswitch_vif_with_port_profile_1_4():
     assert vif.ips == IPS and vif.gateways == GATEWAYS
     assert [(r.dst, r.gw) for r in vif.routes] == [('192.168.0.0/16', '10.0.0.62')]
     assert vif.active and vif.default
+
+
+def test_what_kuryr_controller_10_0_0_wrote():
+    """A KuryrPort the real controller wrote (recorded by tests/openstack/test_fixtures.py)."""
+    path = os.path.join(os.path.dirname(__file__), 'fixtures', 'kuryr-controller-10.0.0',
+                        'kuryrport.json')
+    with open(path) as f:
+        kuryrport = json.load(f)
+    vif = osvif.parse_status_vifs(kuryrport['status']['vifs'])['eth0']
+    data = kuryrport['status']['vifs']['eth0']['vif']['versioned_object.data']
+    assert vif.kind == 'ovs' and vif.bridge == 'br-int'
+    assert vif.port_id == data['id'] and vif.mac == data['address']
+    [subnet] = data['network']['versioned_object.data']['subnets']['versioned_object.data'][
+        'objects']
+    [ip] = subnet['versioned_object.data']['ips']['versioned_object.data']['objects']
+    assert vif.mtu == 1442
+    assert vif.ips == (ip['versioned_object.data']['address'] + '/24',)
+    assert vif.gateways == ('10.20.0.1',) and vif.routes == ()
+    assert vif.active == data['active'] and vif.default
 
 
 @pytest.mark.parametrize('version', ['1.0', '1.1', '1.2', '1.3', '1.4'])
