@@ -33,6 +33,7 @@ import uuid
 
 import pytest
 
+from tests import conftest
 from tests import wait
 from tests.openstack import stack as osstack
 from tools.testbed import host as testhost
@@ -45,11 +46,7 @@ TIMINGS = []            # (what, seconds): reported at the end of the run
 
 
 def _unavailable():
-    reason = osstack.missing()
-    if reason and os.environ.get('CI') == 'true':
-        pytest.fail('the openstack tier cannot run in CI: %s' % reason, pytrace=False)
-    if reason:
-        pytest.skip(reason)
+    conftest.require_tier('openstack', osstack.missing())
 
 
 def record(what, seconds):
