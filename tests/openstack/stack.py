@@ -48,11 +48,15 @@ def missing():
         if not os.access(os.path.join(KUBE_APISERVER_CACHE, 'bin', binary), os.X_OK):
             return ('kube-apiserver is not built (tools/kube-apiserver build; cache %s)'
                     % KUBE_APISERVER_CACHE)
-    with open(CONSTRAINTS, 'rb') as f:
-        key = hashlib.sha256(f.read()).hexdigest()[:12]     # as tools/openstack names a build
-    if not os.path.exists(os.path.join(CACHE, key, 'complete')):
+    if not os.path.exists(os.path.join(build_dir(), 'complete')):
         return 'the OpenStack stack is not built (tools/openstack build; cache %s)' % CACHE
     return None
+
+
+def build_dir():
+    """Where ``tools/openstack build`` puts the build of today's pins."""
+    with open(CONSTRAINTS, 'rb') as f:
+        return os.path.join(CACHE, hashlib.sha256(f.read()).hexdigest()[:12])
 
 
 class APIError(Exception):
