@@ -3,7 +3,7 @@
 The unit and functional tiers build KuryrPorts from
 ``tests/unit/osvif_fixtures.py``, by hand. Here a pod's real KuryrPort is
 compared with them field by field, object versions included, and with the
-recording in ``tests/unit/fixtures/kuryr-controller-10.0.0/kuryrport.json``,
+recording in ``tests/fixtures/kuryr-controller-10.0.0/kuryrport.json``,
 which the unit tier parses (``tests/unit/test_osvif.py``). Run the tier with
 ``OPENSTACK_RECORD_FIXTURES=1`` to write that recording anew from the real
 controller. The KuryrPort CRD this project ships is compared with
@@ -15,12 +15,12 @@ import os
 
 import yaml
 
+from tests import fixtures
 from tests.openstack import stack as osstack
 from tests.openstack import steps
 from tests.unit import osvif_fixtures as fx
 
-RECORDING = os.path.join(osstack.REPO, 'tests', 'unit', 'fixtures',
-                         'kuryr-controller-10.0.0', 'kuryrport.json')
+RECORDING = fixtures.KURYRPORT_RECORDING
 SHIPPED_CRD = os.path.join(osstack.REPO, 'etc', 'kubernetes', 'kuryrport-crd.yaml')
 # Set by the API server, not by kuryr-controller: left out of the recording.
 SERVER_METADATA = ('creationTimestamp', 'generation', 'managedFields', 'resourceVersion', 'uid')

@@ -9,7 +9,7 @@ the ``Network`` with its ``SubnetList``, ``FixedIPList`` and ``RouteList``,
 and the port profile of OVS VIFs. Values are made up for these tests; the
 shapes, field by field and version by version, are checked against what the
 real kuryr-controller 10.0.0 writes by tests/openstack/test_fixtures.py, which
-also records a real one in fixtures/kuryr-controller-10.0.0/kuryrport.json.
+also records a real one in tests/fixtures/kuryr-controller-10.0.0/.
 """
 
 import copy

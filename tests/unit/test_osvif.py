@@ -2,12 +2,12 @@
 
 import copy
 import json
-import os
 
 import pytest
 
 from kuryr_cni import errors
 from kuryr_cni import osvif
+from tests import fixtures
 from tests.unit import osvif_fixtures as fx
 
 GATEWAYS = ('10.0.0.1', 'fd00:10::1')
@@ -27,9 +27,7 @@ def test_open_vswitch_vif_with_port_profile_1_4():
 
 def test_what_kuryr_controller_10_0_0_wrote():
     """A KuryrPort the real controller wrote (recorded by tests/openstack/test_fixtures.py)."""
-    path = os.path.join(os.path.dirname(__file__), 'fixtures', 'kuryr-controller-10.0.0',
-                        'kuryrport.json')
-    with open(path) as f:
+    with open(fixtures.KURYRPORT_RECORDING) as f:
         kuryrport = json.load(f)
     vif = osvif.parse_status_vifs(kuryrport['status']['vifs'])['eth0']
     data = kuryrport['status']['vifs']['eth0']['vif']['versioned_object.data']
