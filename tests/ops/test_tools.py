@@ -6,10 +6,11 @@ fixture may call it whatever failed before).
 """
 
 import pathlib
-import shutil
 import subprocess
 
 import pytest
+
+from tests.ops import shellcheck
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -18,12 +19,7 @@ TOOLS = [REPO / 'tools' / 'openstack', REPO / 'tools' / 'kube-apiserver']
 
 @pytest.mark.parametrize('tool', TOOLS, ids=lambda p: p.name)
 def test_shellcheck(tool):
-    shellcheck = shutil.which('shellcheck')
-    if shellcheck is None:
-        pytest.skip('shellcheck is not installed (apt-get install shellcheck)')
-    proc = subprocess.run([shellcheck, '--shell=bash', '--severity=style', str(tool)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shellcheck.assert_clean(tool, '--shell=bash', '--severity=style')
 
 
 @pytest.mark.parametrize('tool', TOOLS, ids=lambda p: p.name)
