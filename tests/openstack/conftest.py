@@ -43,6 +43,8 @@ NODE = 'node1'
 VIF_TIMEOUT = 90        # kuryr-controller patches `active` on a backoff of 2, 6, 11, 18 s...
 SESSION_PREFIX = 'kc-o%d' % os.getpid()
 TIMINGS = []            # (what, seconds): reported at the end of the run
+LOG_TAILS = []          # (log, its last lines): reported at the end of a run that failed
+LOGS = ('kuryr-controller', 'neutron', 'ovn-controller', 'ovn-northd', 'ovs-vswitchd')
 
 
 def _unavailable():
@@ -54,6 +56,9 @@ def record(what, seconds):
 
 
 def pytest_terminal_summary(terminalreporter):
+    for name, tail in LOG_TAILS:
+        terminalreporter.section('openstack tier: the end of %s\'s log' % name)
+        terminalreporter.write_line(tail)
     if TIMINGS:
         terminalreporter.section('openstack tier timings')
         for what, seconds in TIMINGS:
@@ -68,7 +73,7 @@ def build():
 
 
 @pytest.fixture(scope='session')
-def stack(build):
+def stack(build, request):
     started = time.monotonic()
     stack = osstack.Stack(tempfile.mkdtemp(prefix='kc-osp-'), SESSION_PREFIX + '-osp', NODE)
     record('stack start (tools/openstack start)', time.monotonic() - started)
@@ -78,6 +83,10 @@ def stack(build):
         assert stack.br_int_ports() == {}
         assert stack.neutron('GET', '/ports?device_owner=compute:kuryr')['ports'] == []
     finally:
+        if request.session.testsfailed:
+            # The stack's files go with it: what a failure needs of them is shown now.
+            for name in LOGS:
+                LOG_TAILS.append((name, '\n'.join(stack.log(name).splitlines()[-40:])))
         stack.close()
 
 

@@ -107,8 +107,11 @@ class Stack:
         """A log of the stack (``kuryr-controller``, ``neutron``, ``ovn-controller``...)."""
         path = (self.env['KURYR_CONTROLLER_LOG'] if name == 'kuryr-controller'
                 else os.path.join(self.dir, 'logs', name + '.log'))
-        with open(path, errors='replace') as f:
-            return f.read()
+        try:
+            with open(path, errors='replace') as f:
+                return f.read()
+        except FileNotFoundError:
+            return ''
 
     # Requests, as the admin -------------------------------------------------------------
 
