@@ -81,6 +81,7 @@ class StatusFacts:
     shutting_down: bool
     watch_activity: float | None    # time.monotonic() of the last list, event or bookmark
     saturated: frozenset = frozenset()   # (role, worker_id) whose connections are at the cap
+    api_limits: tuple = ()          # why the API server's answers are being refused, in words
 
     def of_role(self, role):
         """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
@@ -110,6 +111,7 @@ class StatusTable:
         self._adds = {}             # container ID -> time.time() its ADD started
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
+        self._api_limits = {}       # watched objects (in words) -> the limit exceeded, in words
 
     def server_pid(self):
         """The pid of the Manager process (this method runs in it)."""
@@ -161,6 +163,14 @@ class StatusTable:
         with self._lock:
             self._watch_activity = time.monotonic() if now is None else now
 
+    def note_api_limit(self, what, problem):
+        """The API server exceeded a limit of the watch of ``what`` (None: no longer)."""
+        with self._lock:
+            if problem is None:
+                self._api_limits.pop(what, None)
+            else:
+                self._api_limits[what] = problem
+
     # Shutdown ----------------------------------------------------------------------
 
     def mark_shutting_down(self):
@@ -203,7 +213,8 @@ class StatusTable:
                                heartbeat_timeout=self._heartbeat_timeout,
                                synced=self._synced, shutting_down=self._shutting_down,
                                watch_activity=self._watch_activity,
-                               saturated=frozenset(self._saturated))
+                               saturated=frozenset(self._saturated),
+                               api_limits=tuple(sorted(self._api_limits.values())))
 
 
 class BindingTable(_Table):
