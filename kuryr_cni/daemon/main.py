@@ -62,8 +62,10 @@ def main(argv=None):
     try:
         return run(conf)
     except listener.UnsafeSetup as exc:
-        LOG.error('Refusing to start: %s', exc)
-        return 2
+        refusal = str(exc)
+    # Outside the except block, so that the log line does not repeat it.
+    LOG.error('Refusing to start: %s', refusal)
+    return 2
 
 
 def run(conf):
@@ -71,8 +73,8 @@ def run(conf):
     run_dir = listener.ensure_private_dir(os.path.dirname(opts.socket))
     # Before anything in the run dir is wiped or replaced: a live daemon owns it.
     listener.refuse_live_daemon(opts.socket)
-    state.ensure_dir(opts.state_dir)
-    listener.ensure_private_dir(opts.state_dir)
+    for directory in state.private_dirs(opts.state_dir):    # only root may plant state
+        listener.ensure_private_dir(directory)
     metrics.setup(os.path.join(run_dir, 'metrics'))
     _freeze_heap()
     manager, registry = registry_mod.Registry.start(address=_registry_socket(run_dir))
