@@ -24,7 +24,7 @@ from oslo_log import log as logging
 
 from kuryr_cni import apiclient
 
-LOG = logging.getLogger(__name__)
+LOG = apiclient.redacting(logging.getLogger(__name__))
 
 REASON_NO_VIFS = 'CNITimeoutKuryrPortRegistry'
 REASON_INACTIVE = 'CNITimedOutWaitingForActiveVIFs'

@@ -68,7 +68,7 @@ import urllib3
 
 from kuryr_cni import apiclient
 
-LOG = logging.getLogger(__name__)
+LOG = apiclient.redacting(logging.getLogger(__name__))
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024   # etcd holds objects of at most 1.5 MiB: bigger is garbage
 # JSON values (containers and scalars) one object may hold: what decoding it
@@ -98,7 +98,8 @@ class _Unavailable(Exception):
     """
 
     def __init__(self, message, answered=False):
-        super().__init__(message)
+        # Whatever the server sent that it quotes, the token stays out of the logs.
+        super().__init__(apiclient.clip(message))
         self.answered = answered
 
 
@@ -275,7 +276,7 @@ class ListWatch:
         if self.on_activity is not None:
             self.on_activity()
         if not isinstance(obj, dict):
-            LOG.warning('Ignoring a %s watch event without an object', kind)
+            self._skipped('Ignoring a %s watch event without an object', apiclient.clip(kind))
             return
         if kind == 'ERROR':
             if obj.get('code') == 410:
@@ -288,7 +289,7 @@ class ListWatch:
                 self._rv = _resource_version(obj)
             return
         if kind not in ('ADDED', 'MODIFIED', 'DELETED'):
-            LOG.warning('Ignoring a watch event of unknown type %r', kind)
+            self._skipped('Ignoring a watch event of unknown type %r', apiclient.clip(kind))
             return
         try:
             key, rv = _identify(obj)

@@ -49,11 +49,18 @@ class HostileAPI:
       events of that pod, streamed fast, for ever;
     - ``malformed``: a list that is not JSON;
     - ``huge-object``: a list whose one pod has an annotation never ending;
-    - ``many-pods``: a valid list of 100,000 pods of the node.
+    - ``many-pods``: a valid list of 100,000 pods of the node;
+    - ``echo-auth``: errors (401, 403, 500 in turn) whose message, and a
+      watch event, quote the request's ``Authorization`` header, as a
+      careless proxy might.
+
+    Whatever the behaviour, a TLS client hello is answered with plain HTTP,
+    which fails the handshake.
     """
 
     BEHAVIOURS = ('endless-list', 'trickling-list', 'endless-watch', 'malformed',
-                  'huge-object', 'many-pods')
+                  'huge-object', 'many-pods', 'echo-auth')
+    ECHOED = (401, 'Unauthorized'), (403, 'Forbidden'), (500, 'Internal Server Error')
 
     def __init__(self, sock, behaviour, ceiling=CEILING):
         assert behaviour in self.BEHAVIOURS, behaviour
@@ -111,6 +118,11 @@ class HostileAPI:
                     if not data:
                         return
                     head += data
+                    if head.startswith(b'\x16'):       # a TLS client hello
+                        conn.sendall(b'HTTP/1.1 400 Bad Request\r\nConnection: close\r\n\r\n')
+                        with self._lock:
+                            self.requests.append((False, 'TLS'))
+                        return
                 target = head.split(b' ', 2)[1].decode()
                 query = urllib.parse.parse_qs(urllib.parse.urlsplit(target).query)
                 watch = query.get('watch', ['false'])[0] in ('true', '1')
@@ -118,9 +130,26 @@ class HostileAPI:
                     self.requests.append((watch, target))
                 if not self.go.wait(GATE_TIMEOUT) or self._closing.is_set():
                     return
+                if self.behaviour == 'echo-auth':
+                    self._echo(conn, head, len(self.requests))
+                    return
                 self._answer(conn, watch)
             except OSError:
                 return      # the watcher cut it: what is being tested
+
+    def _echo(self, conn, head, count):
+        authorization = ''
+        for line in head.decode(errors='replace').split('\r\n'):
+            name, _, value = line.partition(':')
+            if name.lower() == 'authorization':
+                authorization = value.strip()
+        code, reason = self.ECHOED[count % len(self.ECHOED)]
+        body = json.dumps({'kind': 'Status', 'apiVersion': 'v1', 'status': 'Failure',
+                           'code': code, 'reason': reason,
+                           'message': 'refused: Authorization: %s' % authorization}).encode()
+        conn.sendall(b'HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n'
+                     b'Content-Length: %d\r\nConnection: close\r\n\r\n%s'
+                     % (code, reason.encode(), len(body), body))
 
     def _answer(self, conn, watch):
         conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n'

@@ -90,3 +90,33 @@ def test_a_malformed_list_is_retried_with_flat_memory(hostile_node):
     wait.until(lambda: api.lists() >= 3, 60, 'two retries of the list', interval=0.5)
     assert 'is not JSON' in open(os.path.join(node.workdir, 'daemon.log')).read()
     assert_bounded(node, watcher, baseline, 'malformed', 'watcher not synced')
+
+
+def test_a_server_quoting_the_token_in_its_errors_never_gets_it_logged(hostile_node, tmp_path):
+    """Every failure path: 401, 403, 500 quoting the Authorization header, then TLS errors."""
+    node = hostile_node
+    secret = 'kc-secret-%s' % os.urandom(8).hex()
+    token_file = tmp_path / 'token'
+    token_file.write_text(secret + '\n')
+    os.chmod(token_file, 0o600)
+    node.api = hostile_api.start(node.path, 'echo-auth')
+    node.api.go.set()
+    node.start_daemon(wait=False, extra=CONFIG + 'token_file = %s\n' % token_file)
+    wait.until(lambda: node.api.lists() >= 4, 60, 'the three errors', interval=0.5)
+    assert node.stop_daemon() == 0
+    # The same server, asked over TLS: the handshake fails.
+    https = '\n[kubernetes]\napi_root = https://127.0.0.1:%d\n' % node.api.port
+    node.start_daemon(wait=False, extra=CONFIG + 'token_file = %s\n' % token_file + https)
+    wait.until(lambda: sum(1 for _, what in node.api.requests if what == 'TLS') >= 2, 60,
+               'two TLS handshakes', interval=0.5)
+    assert node.stop_daemon() == 0
+    log = open(os.path.join(node.workdir, 'daemon.log')).read()
+    for code in (401, 403, 500):
+        assert 'HTTP %d' % code in log
+    assert 'refused: Authorization: Bearer <redacted>' in log
+    assert 'SSL' in log
+    for name in os.listdir(node.workdir):
+        path = os.path.join(node.workdir, name)
+        if os.path.isfile(path):
+            with open(path, errors='replace') as f:
+                assert secret not in f.read(), name
