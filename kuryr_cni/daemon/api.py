@@ -60,6 +60,14 @@ class CNIApp:
             # The registry Manager is gone; the supervisor restarts the daemon.
             LOG.error('%s failed: registry unavailable: %s', command, exc)
             return 503, _error_json(errors.TryAgainLater('daemon registry unavailable'), body)
+        except OSError as exc:
+            if exc.errno not in errors.SHORTAGES:
+                LOG.exception('%s failed unexpectedly', command)
+                return 500, _error_json(errors.CNIError('internal error', repr(exc)), body)
+            # Out of descriptors or memory for a moment: the runtime's retry may pass.
+            LOG.error('%s failed: %s', command, exc)
+            return 503, _error_json(errors.TryAgainLater('the daemon ran short of resources',
+                                                         str(exc)), body)
         except Exception as exc:
             LOG.exception('%s failed unexpectedly', command)
             return 500, _error_json(errors.CNIError('internal error', repr(exc)), body)
