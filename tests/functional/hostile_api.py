@@ -227,4 +227,3 @@ def peak_rss_mib(pid):
     with open('/proc/%d/status' % pid) as f:
         fields = dict(line.split(':', 1) for line in f if ':' in line)
     return tuple(int(fields[k].split()[0]) / 1024 for k in ('VmHWM', 'VmRSS'))
-

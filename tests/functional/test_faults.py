@@ -453,7 +453,7 @@ def test_logs_never_print_the_bearer_token(node, runtime, tmp_path):
 
 @pytest.mark.parametrize('victim', ['parent', 'registry'])
 def test_sigkill_during_a_burst_of_adds_loses_nothing_and_the_restart_converges(
-        daemon, runtime, victim, capsys):
+        daemon, runtime, victim):
     node = daemon
     indexes = range(30, 38)
     pods = {index: crash.make_pod(node, index) for index in indexes}
@@ -493,8 +493,7 @@ def _open_fds(pid):
     return len(os.listdir('/proc/%d/fd' % pid))
 
 
-def test_fd_exhaustion_fails_adds_with_code_11_and_the_daemon_recovers(daemon, runtime,
-                                                                      capsys):
+def test_fd_exhaustion_fails_adds_with_code_11_and_the_daemon_recovers(daemon, runtime):
     """Issue 20: a low RLIMIT_NOFILE on every daemon process, during a burst of ADDs."""
     node = daemon
     indexes = range(40, 52)
