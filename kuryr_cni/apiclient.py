@@ -11,7 +11,6 @@ header, which urllib3 refuses with an error quoting the header's value.
 """
 
 import json
-import logging as std_logging
 import os
 import traceback
 
@@ -151,8 +150,9 @@ def error_status(exc):
     return status if isinstance(status, dict) else {}
 
 
-class _Redacting(std_logging.Filter):
-    """Blanks the tokens out of every line its logger writes, whatever quoted them."""
+class _Redacting:
+    """A logging filter: blanks the tokens out of every line its logger writes,
+    whatever quoted them."""
 
     def filter(self, record):
         if _secrets:
