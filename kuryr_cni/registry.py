@@ -97,8 +97,8 @@ class StatusTable:
     watch activity; ADDs register while in flight (a GC spares them); the
     parent asks for a mirror resync when a CNI worker died.
     Times are ``time.monotonic()`` readings (one clock for every process of
-    the machine), except ADD start times, which are ``time.time()`` like the
-    ``added_at`` of attachments they are compared with.
+    the machine, never stepped): a wall clock stepped forward would make ADDs
+    in flight look dead to a GC.
     """
 
     def __init__(self):
@@ -108,7 +108,7 @@ class StatusTable:
         self._synced = False
         self._shutting_down = False
         self._watch_activity = None
-        self._adds = {}             # container ID -> time.time() its ADD started
+        self._adds = {}             # container ID -> time.monotonic() its ADD started
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
         self._api_limits = {}       # watched objects (in words) -> the limit exceeded, in words
@@ -188,7 +188,7 @@ class StatusTable:
             self._adds.pop(container_id, None)
 
     def adds_since(self, cutoff):
-        """Container IDs whose ADD started after ``cutoff`` (a ``time.time()``) and runs."""
+        """Container IDs whose ADD started after ``cutoff`` (a ``time.monotonic()``) and runs."""
         with self._lock:
             return {cid for cid, started in self._adds.items() if started > cutoff}
 
