@@ -111,7 +111,9 @@ def _lock_state_dir(state_dir):
     children inherit it) has exited. Returns the descriptor.
     """
     path = os.path.join(state_dir, STATE_LOCK)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    # Read-only: a descriptor open for writing would keep the disk from being
+    # remounted read-only under a running daemon.
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
