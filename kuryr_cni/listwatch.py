@@ -58,6 +58,7 @@ with them the bearer token. No decision about attachments is taken here.
 import contextlib
 import json
 import random
+import re
 import threading
 import time
 
@@ -488,12 +489,14 @@ class _Listing:
     memory, held to :data:`MAX_EVENT_BYTES` and :data:`MAX_OBJECT_VALUES`
     (counted on the raw bytes since the last object ended, as for watch
     events), and the whole body to ``max_bytes``. ``metadata.resourceVersion``
-    is read from the head of the body, where kube-apiserver writes a list's
-    metadata (before its items). A body without ``items`` lists nothing,
-    like an empty list: no worse than what any server may answer.
+    is read from the head of the body, where kube-apiserver writes a typed
+    list's metadata (before its items), or else from its tail, where it
+    writes a custom resource list's (keys in alphabetical order). A body
+    without ``items`` lists nothing, like an empty list: no worse than what
+    any server may answer.
     """
 
-    HEAD_BYTES = 64 * 1024
+    EDGE_BYTES = 64 * 1024          # of the head, and of the tail, kept
 
     def __init__(self, response, max_bytes, what):
         self._response = response
@@ -501,6 +504,7 @@ class _Listing:
         self._what = what
         self._read = 0
         self._head = bytearray()
+        self._tail = bytearray()
         self._pending_bytes = self._pending_values = 0     # since the last object ended
         self.resource_version = None
 
@@ -511,8 +515,10 @@ class _Listing:
         if self._read > self._max_bytes:
             raise Overrun('list_bytes', 'the list of %s is larger than %d bytes'
                           % (self._what, self._max_bytes))
-        if len(self._head) < self.HEAD_BYTES:
-            self._head += chunk[:self.HEAD_BYTES - len(self._head)]
+        if len(self._head) < self.EDGE_BYTES:
+            self._head += chunk[:self.EDGE_BYTES - len(self._head)]
+        self._tail += chunk
+        del self._tail[:-self.EDGE_BYTES]
         self._pending_bytes += len(chunk)
         self._pending_values += _values_at_most(chunk)
         if (self._pending_bytes > MAX_EVENT_BYTES + READ_SIZE
@@ -533,7 +539,8 @@ class _Listing:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise _Unavailable('list of %s broken: %s'
                                % (self._what, str(exc) or type(exc).__name__)) from None
-        self.resource_version = _head_version(bytes(self._head))
+        self.resource_version = (_head_version(bytes(self._head))
+                                 or _tail_version(bytes(self._tail)))
 
 
 def _head_version(head):
@@ -545,6 +552,27 @@ def _head_version(head):
             if prefix == 'items':
                 break
     return None
+
+
+_METADATA_KEY = re.compile(rb'"metadata"\s*:\s*')
+
+
+def _tail_version(tail):
+    """``metadata.resourceVersion`` of a list whose metadata is its last member, from
+    the tail of its body (None: not there)."""
+    start = tail.rfind(b'"metadata"')
+    found = _METADATA_KEY.match(tail, start) if start >= 0 else None
+    if found is None:
+        return None
+    text = tail[found.end():].decode('utf-8', errors='replace')
+    try:
+        meta, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    if text[end:].strip() != '}' or not isinstance(meta, dict):
+        return None         # not the last member of the list itself
+    rv = meta.get('resourceVersion')
+    return rv if isinstance(rv, str) and rv else None
 
 
 def _values_at_most(data):

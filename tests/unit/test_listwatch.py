@@ -632,10 +632,16 @@ def test_a_server_over_a_limit_is_cut_reported_once_and_backed_off_from(
     assert not sink.synced
 
 
-def test_a_list_is_decoded_as_it_arrives_and_its_version_read_from_its_head():
-    body = (b'{"kind":"PodList","metadata":{"resourceVersion":"42"},"items":['
-            + b','.join(json.dumps({'metadata': {'name': 'p%d' % i}}).encode()
-                        for i in range(3)) + b']}')
+ITEMS = b','.join(json.dumps({'metadata': {'name': 'p%d' % i}}).encode() for i in range(3))
+
+
+@pytest.mark.parametrize('body', [
+    b'{"kind":"PodList","metadata":{"resourceVersion":"42"},"items":[' + ITEMS + b']}',
+    # A custom resource list, as kube-apiserver writes it: keys in alphabetical order.
+    b'{"apiVersion":"openstack.org/v1","items":[' + ITEMS + b'],"kind":"KuryrPortList",'
+    b'"metadata":{"continue":"","resourceVersion":"42"}}\n',
+])
+def test_a_list_is_decoded_as_it_arrives_and_its_version_read_from_its_head_or_tail(body):
 
     class Response:
         def __init__(self):
