@@ -22,7 +22,7 @@ PROMETHEUS_PORT = 9655
 def scrape(node):
     """Every sample of /metrics as ``{(name, frozenset(labels)): value}``."""
     status, text = node.http_get(PROMETHEUS_PORT, '/metrics')
-    assert status == 200, text
+    assert status == 200, '%s\n%s' % (text, node.log_tail())
     return {(sample.name, frozenset(sample.labels.items())): sample.value
             for family in parser.text_string_to_metric_families(text)
             for sample in family.samples}

@@ -19,6 +19,7 @@ import uuid
 
 import pytest
 
+from tests import conftest
 from tests.k8s import cluster as k8s
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
@@ -27,11 +28,7 @@ SESSION_PREFIX = 'kc-k%d' % os.getpid()
 
 
 def _unavailable():
-    reason = k8s.missing()
-    if reason and os.environ.get('CI') == 'true':
-        pytest.fail('the k8s tier cannot run in CI: %s' % reason, pytrace=False)
-    if reason:
-        pytest.skip(reason)
+    conftest.require_tier('k8s', k8s.missing())
 
 
 @pytest.fixture(scope='session', autouse=True)
