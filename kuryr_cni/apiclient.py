@@ -3,7 +3,8 @@
 Only construction lives here: which API server, which credentials, which CA;
 and :func:`describe_error`, how its callers put a failed request into words.
 Requests, retries and timeouts belong to the callers (the list+watch, the
-Events). The bearer token is never logged, and is stripped of surrounding
+Events). The bearer token is never logged (:func:`clip` blanks it out of
+whatever a server answers, for the callers' logs), and is stripped of surrounding
 whitespace however it was read: a token file ending in a newline (as most
 editors and ``echo`` write them) would otherwise put the newline into the
 header, which urllib3 refuses with an error quoting the header's value.
@@ -84,7 +85,32 @@ class _Configuration(client.Configuration):
 
     def get_api_key_with_prefix(self, identifier, alias=None):
         key = super().get_api_key_with_prefix(identifier, alias=alias)
-        return key.strip() if isinstance(key, str) else key
+        if not isinstance(key, str):
+            return key
+        key = key.strip()
+        _remember_secret(key.rpartition(' ')[2])
+        return key
+
+
+_secrets = set()    # the tokens this process has sent: blanked out of whatever it logs
+MIN_SECRET_CHARS = 8
+
+
+def _remember_secret(token):
+    if len(token) >= MIN_SECRET_CHARS:
+        _secrets.add(token)
+
+
+def redact(text):
+    """``text`` with every token this process has sent blanked out.
+
+    An API server, or a proxy in front of it, may quote the request's
+    ``Authorization`` header in its error message.
+    """
+    for secret in _secrets:
+        if secret in text:
+            text = text.replace(secret, '<redacted>')
+    return text
 
 
 def _use_token_file(configuration, path):
@@ -136,8 +162,31 @@ def error_status(exc):
     return status if isinstance(status, dict) else {}
 
 
+class _Redacting:
+    """A logging filter: blanks the tokens out of every line its logger writes,
+    whatever quoted them."""
+
+    def filter(self, record):
+        if _secrets:
+            message = record.getMessage()
+            clean = redact(message)
+            if clean != message:
+                record.msg, record.args = clean, ()
+        return True
+
+
+def redacting(log):
+    """``log`` (an oslo.log logger), made to :func:`redact` every line it writes.
+
+    For the modules that log what an API server sent.
+    """
+    log.logger.addFilter(_Redacting())
+    return log
+
+
 def clip(text):
-    text = str(text)
+    """``text`` fit for a log: :func:`redact`-ed, at most :data:`MAX_MESSAGE_CHARS` long."""
+    text = redact(str(text))
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + '...'
 
 

@@ -99,6 +99,14 @@ kubernetes_opts = [
     cfg.IntOpt('watch_timeout', default=300, min=10, max=3600,
                help='Seconds after which the API server ends a watch, which is '
                     'then resumed from the last resourceVersion.'),
+    cfg.IntOpt('list_max_bytes', default=64 * 1024 * 1024, min=1024 * 1024,
+               help='Largest list answer (bytes) the watcher reads: a node\'s pods, or '
+                    'its KuryrPorts. The default holds 250 pods of 256 KiB each. A '
+                    'larger answer is refused and retried after a backoff, and /ready '
+                    'fails meanwhile.'),
+    cfg.IntOpt('list_timeout', default=120, min=10, max=3600,
+               help='Seconds a whole list answer may take, however its bytes trickle '
+                    'in; a slower one is cut, and retried after a backoff.'),
 ]
 
 binding_opts = [

@@ -5,6 +5,12 @@ once, at the HTTP boundary (``kuryr_cni.daemon.api``). ``retry`` marks the
 errors a runtime may cure by trying again (temporary versus permanent).
 """
 
+import errno
+
+# OSError numbers of a shortage of the daemon's (descriptors, memory): code 11,
+# whatever call ran into it, never the request's fault nor an internal error.
+SHORTAGES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
 
 class CNIError(Exception):
     """Base of every error the runtime may see."""

@@ -32,7 +32,7 @@ from oslo_log import log as logging
 from kuryr_cni import apiclient
 from kuryr_cni import vif as vif_model
 
-LOG = logging.getLogger(__name__)
+LOG = apiclient.redacting(logging.getLogger(__name__))
 
 REASON_WAITING = 'CNIWaitingForActiveVIFs'
 REASON_INACTIVE = 'CNITimedOutWaitingForActiveVIFs'

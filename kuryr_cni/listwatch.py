@@ -24,6 +24,26 @@ is the same for every source:
   watch is answered, so ``/ready`` tells when the records may be stale;
 - :meth:`ListWatch.stop` cuts an open watch stream, so it returns promptly.
 
+Every byte read is bounded, so a hostile or broken API server can neither grow
+the watcher nor hold it for ever (figures in ``doc/source/scale.rst``):
+
+- a list body is decoded as it arrives (ijson), one object at a time, each
+  turned into its record at once: never the whole body in memory. It may be
+  at most ``list_max_bytes`` long, hold at most :data:`MAX_OBJECTS` objects,
+  and arrive within ``list_timeout`` seconds in all (not per read: a server
+  trickling a byte at a time is cut at that deadline);
+- one object (of a list) or event (of a watch) may be at most
+  :data:`MAX_EVENT_BYTES` long and hold at most :data:`MAX_OBJECT_VALUES`
+  JSON values, which bounds what decoding it costs;
+- a watch stream is cut once it runs past the ``timeoutSeconds`` it asked
+  for by as much again (a minute at most: the read timeout), however busy;
+- the records a watch adds count against :data:`MAX_OBJECTS` too.
+
+A server past a limit is an :class:`Overrun`: logged once (until it answers
+within limits again), reported through ``on_limit`` (a metric, and ``/ready``
+names it), and backed off from like any failure, the backoff growing while it
+persists.
+
 Bookmarks are honoured but never relied on: kube-apiserver 1.20 sends them
 only in the last two seconds before a watch's timeout.
 
@@ -38,18 +58,34 @@ with them the bearer token. No decision about attachments is taken here.
 import contextlib
 import json
 import random
+import re
 import threading
+import time
 
+import ijson
 from kubernetes import client
 from oslo_log import log as logging
 import urllib3
 
 from kuryr_cni import apiclient
 
-LOG = logging.getLogger(__name__)
+LOG = apiclient.redacting(logging.getLogger(__name__))
 
 MAX_EVENT_BYTES = 4 * 1024 * 1024   # etcd holds objects of at most 1.5 MiB: bigger is garbage
+# JSON values (containers and scalars) one object may hold: what decoding it
+# costs, ~100 bytes each at worst ({} and [] are). A 1.5 MiB pod holds ~80k.
+MAX_OBJECT_VALUES = 256 * 1024
+# Objects one list+watch keeps: kubelet runs at most max-pods (110 by
+# default, 250 on large nodes) pods; terminated pods keep their node, and
+# the pod GC lets 12,500 of them pile up cluster-wide before it acts.
+MAX_OBJECTS = 10000
+LIST_MAX_BYTES = 64 * 1024 * 1024   # [kubernetes] list_max_bytes; its reasoning in scale.rst
+LIST_TIMEOUT = 120                  # [kubernetes] list_timeout, seconds for a whole list
+READ_SIZE = 64 * 1024               # bytes asked of the socket at a time
 MAX_BACKOFF_EXPONENT = 16
+
+# The limits an API server can exceed (the metric's label values).
+LIMITS = ('list_bytes', 'list_time', 'object_size', 'object_count', 'watch_time')
 
 
 class _Expired(Exception):
@@ -63,8 +99,20 @@ class _Unavailable(Exception):
     """
 
     def __init__(self, message, answered=False):
-        super().__init__(message)
+        # Whatever the server sent that it quotes, the token stays out of the logs.
+        super().__init__(apiclient.clip(message))
         self.answered = answered
+
+
+class Overrun(_Unavailable):
+    """The API server sent more, or for longer, than a limit allows.
+
+    ``limit`` is one of :data:`LIMITS`.
+    """
+
+    def __init__(self, limit, message):
+        super().__init__(message, answered=True)
+        self.limit = limit
 
 
 class _BadObject(Exception):
@@ -85,16 +133,22 @@ class ListWatch:
     ``"namespace/name"``. ``on_restart(reason)`` is called each time the
     list or watch is answered again after a failure (``reason``:
     ``'error'`` or ``'expired'``), ``on_event(type)`` for every watch event,
-    ``on_activity()`` for every list and every event. Exceptions raised by
-    the sink or the callbacks are not caught: without its registry the
-    watcher has nothing to do, and its process manager restarts it.
+    ``on_activity()`` for every list and every event, ``on_limit(limit,
+    message)`` each time the server exceeds a limit (an :class:`Overrun`),
+    and ``on_limit(None, None)`` once it answers within limits again.
+    Exceptions raised by the sink or the callbacks are not caught: without
+    its registry the watcher has nothing to do, and its process manager
+    restarts it.
     """
 
     def __init__(self, source, sink, *, watch_timeout=300, request_timeout=(10, 60),
                  backoff_max=30, backoff_initial=0.5, on_restart=None, on_event=None,
-                 on_activity=None):
+                 on_activity=None, on_limit=None, list_max_bytes=LIST_MAX_BYTES,
+                 list_timeout=LIST_TIMEOUT, max_objects=MAX_OBJECTS):
         """``request_timeout`` is (connect, read) seconds for the list; a watch
-        may stay silent for ``watch_timeout`` plus that read timeout.
+        may stay silent for ``watch_timeout`` plus that read timeout, and
+        lasts that long at most. A list lasts ``list_timeout`` seconds at
+        most, and its body is at most ``list_max_bytes`` long.
         """
         if isinstance(request_timeout, (int, float)):
             request_timeout = (request_timeout, request_timeout)
@@ -107,6 +161,13 @@ class ListWatch:
         self.on_restart = on_restart
         self.on_event = on_event
         self.on_activity = on_activity
+        self.on_limit = on_limit
+        self.list_max_bytes = list_max_bytes
+        self.list_timeout = list_timeout
+        self.max_objects = max_objects
+        self._keys = set()            # keys of the records in the sink, against max_objects
+        self._overruns = set()        # limits exceeded since the server last kept within them
+        self._skips = 0               # objects skipped in the list or watch being read
         self._rv = None               # where the watch resumes; None: relist first
         self._list_rv = '0'           # what the next list asks for ('': the latest, from etcd)
         self._failures = 0            # consecutive failures since the API last answered
@@ -136,6 +197,10 @@ class ListWatch:
                 self._watch()
             except _Expired as exc:
                 self._recover_from_expiry(exc)
+            except Overrun as exc:
+                if stop_event.is_set():
+                    break
+                self._recover_from_overrun(exc)
             except _Unavailable as exc:
                 if stop_event.is_set():
                     break
@@ -151,32 +216,38 @@ class ListWatch:
     def _relist(self):
         response = self._call(resource_version=self._list_rv or None,
                               _request_timeout=self.request_timeout)
-        with self._reading(response):
-            body = _read_json(response)
-        try:
-            rv = _resource_version(body)
-            items = body['items'] or []
-            if not isinstance(items, list):
-                raise _BadObject('items is not a list')
-        except (_BadObject, KeyError, TypeError) as exc:
-            raise _Unavailable('malformed list of %s: %s' % (self.source.what, exc)) from None
         records = {}
-        for obj in items:
-            try:
-                key, obj_rv = _identify(obj)
-            except _BadObject as exc:
-                LOG.warning('Skipping one of the %s listed: %s', self.source.what, exc)
-                continue
-            record = self._record(key, obj_rv, obj)
-            if record is not None:
-                records[key] = record
+        self._skips = 0
+        late = Overrun('list_time', 'the list of %s took longer than %d s'
+                       % (self.source.what, self.list_timeout))
+        with self._reading(response, time.monotonic() + self.list_timeout, late):
+            listing = _Listing(response, self.list_max_bytes, self.source.what)
+            for obj in listing.objects():
+                try:
+                    key, obj_rv = _identify(obj)
+                except _BadObject as exc:
+                    self._skipped('Skipping one of the %s listed: %s', self.source.what, exc)
+                    continue
+                record = self._record(key, obj_rv, obj)
+                if record is not None:
+                    records[key] = record
+                    if len(records) > self.max_objects:
+                        raise Overrun('object_count', 'the list of %s holds more than %d of '
+                                      'them' % (self.source.what, self.max_objects))
+        rv = listing.resource_version
+        if rv is None:
+            raise _Unavailable('malformed list of %s: no metadata.resourceVersion'
+                               % self.source.what)
         self.sink.replace_pods(records)
+        self._keys = set(records)
         self._reported = {k: v for k, v in self._reported.items() if k in records}
         self._rv = rv
+        self._note_within_limits()
         self._note_answered()
         if self.on_activity is not None:
             self.on_activity()
-        LOG.info('Listed %d %s at resource version %s', len(records), self.source.what, rv)
+        LOG.info('Listed %d %s at resource version %s%s', len(records), self.source.what, rv,
+                 ' (%d skipped)' % self._skips if self._skips else '')
 
     def _watch(self):
         read_timeout = self.watch_timeout + self.request_timeout[1]
@@ -184,12 +255,19 @@ class ListWatch:
                               timeout_seconds=self.watch_timeout,
                               _request_timeout=(self.request_timeout[0], read_timeout))
         self._note_answered()
-        with self._reading(response):
+        self._skips = 0
+        # kube-apiserver ends a watch at its timeoutSeconds; one still streaming
+        # long after (twice that, or a minute more) is cut, however busy it is.
+        grace = min(self.request_timeout[1], self.watch_timeout)
+        late = Overrun('watch_time', 'the watch of %s went on %d s past the %d s it asked for'
+                       % (self.source.what, grace, self.watch_timeout))
+        with self._reading(response, time.monotonic() + self.watch_timeout + grace, late):
             for event in _events(response):
                 if self._stop_event.is_set():
                     return
                 self._handle(event)
         self._expired_in_a_row = 0      # ended at its timeout: our version was still served
+        self._note_within_limits()
 
     def _handle(self, event):
         kind = event.get('type')
@@ -199,7 +277,7 @@ class ListWatch:
         if self.on_activity is not None:
             self.on_activity()
         if not isinstance(obj, dict):
-            LOG.warning('Ignoring a %s watch event without an object', kind)
+            self._skipped('Ignoring a %s watch event without an object', apiclient.clip(kind))
             return
         if kind == 'ERROR':
             if obj.get('code') == 410:
@@ -212,20 +290,37 @@ class ListWatch:
                 self._rv = _resource_version(obj)
             return
         if kind not in ('ADDED', 'MODIFIED', 'DELETED'):
-            LOG.warning('Ignoring a watch event of unknown type %r', kind)
+            self._skipped('Ignoring a watch event of unknown type %r', apiclient.clip(kind))
             return
         try:
             key, rv = _identify(obj)
         except _BadObject as exc:
-            LOG.warning('Skipping a %s event: %s', kind, exc)
+            self._skipped('Skipping a %s event: %s', kind, exc)
             return
         record = None if kind == 'DELETED' else self._record(key, rv, obj)
         if record is None:
             self.sink.drop_pod(key)
+            self._keys.discard(key)
             self._reported.pop(key, None)
         else:
+            if key not in self._keys and len(self._keys) >= self.max_objects:
+                raise Overrun('object_count', 'the watch of %s would make them more than %d'
+                              % (self.source.what, self.max_objects))
             self.sink.put_pod(key, record)
+            self._keys.add(key)
         self._rv = rv
+
+    def _skipped(self, message, *args):
+        """Log the first object skipped in a list or watch; the rest at debug level.
+
+        A server sending nothing but unusable objects must not flood the log.
+        """
+        self._skips += 1
+        if self._skips == 1:
+            LOG.warning(message + ' (the next ones of this answer are logged at debug level)',
+                        *args)
+        else:
+            LOG.debug(message, *args)
 
     def _record(self, key, rv, obj):
         record = self.source.record(obj)
@@ -264,6 +359,28 @@ class ListWatch:
                     self.source.what, exc)
         self._note_failure('error', backoff=True)
 
+    def _recover_from_overrun(self, exc):
+        if exc.limit not in self._overruns:
+            LOG.warning('The Kubernetes API server exceeded a limit of the watcher: %s; backing '
+                        'off (logged once, until it answers within its limits)', exc)
+        else:
+            LOG.debug('The API server exceeded a limit again: %s', exc)
+        self._overruns.add(exc.limit)
+        if self.on_limit is not None:
+            self.on_limit(exc.limit, str(exc))
+        self._note_failure('error', backoff=True)
+
+    def _note_within_limits(self):
+        """A list, or a watch to its end, kept within every limit."""
+        if not self._overruns:
+            return
+        LOG.info('The API server answers the watch of %s within its limits again',
+                 self.source.what)
+        self._overruns.clear()
+        self._failures = 0
+        if self.on_limit is not None:
+            self.on_limit(None, None)
+
     def _call(self, **kwargs):
         """Issue the source's request; return the raw response."""
         try:
@@ -278,8 +395,10 @@ class ListWatch:
             raise _Unavailable(apiclient.describe_error(exc)) from None
 
     def _note_answered(self):
-        """The API server answered: back to a clean slate."""
-        self._failures = 0
+        """The API server answered: back to a clean slate (the backoff too, unless it
+        exceeds a limit: that grows the backoff until it answers within limits)."""
+        if not self._overruns:
+            self._failures = 0
         self._unreachable = False
         if self._restart_reason is not None:
             LOG.info('Watch of %s re-established after %s', self.source.what,
@@ -310,15 +429,33 @@ class ListWatch:
     # Interrupting a blocked read -----------------------------------------------------------
 
     @contextlib.contextmanager
-    def _reading(self, response):
+    def _reading(self, response, deadline, late):
+        """Read ``response`` in the block; cut it at ``deadline`` (monotonic) and raise
+        ``late`` (an :class:`Overrun`) then, or at :meth:`stop`."""
         with self._lock:
             self._response = response
             stopping = self._stop_event.is_set()
+        expired = threading.Event()
+        # The read blocks in the socket: only cutting the stream from another thread
+        # bounds the whole read rather than each of its pieces.
+        timer = threading.Timer(max(0.0, deadline - time.monotonic()), self._cut_at_deadline,
+                                (response, expired))
+        timer.daemon = True
+        timer.start()
         try:
             if stopping:
                 raise _Unavailable('stopping')
-            yield
+            try:
+                yield
+            except _Unavailable:
+                if expired.is_set():
+                    raise late from None
+                raise
+            if expired.is_set():
+                raise late
         finally:
+            timer.cancel()
+            timer.join()
             with self._lock:
                 self._response = None
             if not response.isclosed():
@@ -326,30 +463,135 @@ class ListWatch:
                 response.close()
             response.release_conn()
 
+    def _cut_at_deadline(self, response, expired):
+        expired.set()
+        _cut(response)
+
     def _cut_on_stop(self):
         self._stop_event.wait()
         with self._lock:
             response = self._response
         if response is not None:
-            # Unblocks the read in run(); errors mean it already finished with it.
-            with contextlib.suppress(ValueError, RuntimeError, OSError):
-                response.shutdown()
+            _cut(response)
 
 
-def _read_json(response):
+def _cut(response):
+    """Unblock a read of ``response``; errors mean it already finished with it."""
+    with contextlib.suppress(ValueError, RuntimeError, OSError):
+        response.shutdown()
+
+
+class _Listing:
+    """A list answer, decoded as it arrives: its objects one at a time, and its version.
+
+    ijson's C parser reads the body through :meth:`read` and builds the
+    objects of ``items`` one by one: only the object being built is in
+    memory, held to :data:`MAX_EVENT_BYTES` and :data:`MAX_OBJECT_VALUES`
+    (counted on the raw bytes since the last object ended, as for watch
+    events), and the whole body to ``max_bytes``. ``metadata.resourceVersion``
+    is read from the head of the body, where kube-apiserver writes a typed
+    list's metadata (before its items), or else from its tail, where it
+    writes a custom resource list's (keys in alphabetical order). A body
+    without ``items`` lists nothing, like an empty list: no worse than what
+    any server may answer.
+    """
+
+    EDGE_BYTES = 64 * 1024          # of the head, and of the tail, kept
+
+    def __init__(self, response, max_bytes, what):
+        self._response = response
+        self._max_bytes = max_bytes
+        self._what = what
+        self._read = 0
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._pending_bytes = self._pending_values = 0     # since the last object ended
+        self.resource_version = None
+
+    def read(self, size):
+        """What the parser reads the body through."""
+        chunk = self._response.read(min(size, READ_SIZE))
+        self._read += len(chunk)
+        if self._read > self._max_bytes:
+            raise Overrun('list_bytes', 'the list of %s is larger than %d bytes'
+                          % (self._what, self._max_bytes))
+        if len(self._head) < self.EDGE_BYTES:
+            self._head += chunk[:self.EDGE_BYTES - len(self._head)]
+        self._tail += chunk
+        del self._tail[:-self.EDGE_BYTES]
+        self._pending_bytes += len(chunk)
+        self._pending_values += _values_at_most(chunk)
+        if (self._pending_bytes > MAX_EVENT_BYTES + READ_SIZE
+                or self._pending_values > MAX_OBJECT_VALUES):
+            raise _object_too_large('one of the %s listed' % self._what)
+        return chunk
+
+    def objects(self):
+        """Yield each object of ``items``; raise _Unavailable when the body is no JSON."""
+        try:
+            for obj in ijson.items(self, 'items.item', buf_size=READ_SIZE, use_float=True):
+                # The parser reads a chunk at a time: the next object began in this one.
+                self._pending_bytes = self._pending_values = 0
+                yield obj
+        except ijson.JSONError as exc:
+            raise _Unavailable('the list of %s is not JSON: %s'
+                               % (self._what, apiclient.clip(' '.join(str(exc).split())))) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise _Unavailable('list of %s broken: %s'
+                               % (self._what, str(exc) or type(exc).__name__)) from None
+        self.resource_version = (_head_version(bytes(self._head))
+                                 or _tail_version(bytes(self._tail)))
+
+
+def _head_version(head):
+    """``metadata.resourceVersion`` of a list, from the head of its body (None: not there)."""
+    with contextlib.suppress(ijson.JSONError):
+        for prefix, event, value in ijson.parse(head):
+            if prefix == 'metadata.resourceVersion' and event == 'string' and value:
+                return value
+            if prefix == 'items':
+                break
+    return None
+
+
+_METADATA_KEY = re.compile(rb'"metadata"\s*:\s*')
+
+
+def _tail_version(tail):
+    """``metadata.resourceVersion`` of a list whose metadata is its last member, from
+    the tail of its body (None: not there)."""
+    start = tail.rfind(b'"metadata"')
+    found = _METADATA_KEY.match(tail, start) if start >= 0 else None
+    if found is None:
+        return None
+    text = tail[found.end():].decode('utf-8', errors='replace')
     try:
-        return json.loads(response.read())
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise _Unavailable(str(exc) or type(exc).__name__) from None
-    except ValueError as exc:
-        raise _Unavailable('response is not JSON: %s' % exc) from None
+        meta, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    if text[end:].strip() != '}' or not isinstance(meta, dict):
+        return None         # not the last member of the list itself
+    rv = meta.get('resourceVersion')
+    return rv if isinstance(rv, str) and rv else None
+
+
+def _values_at_most(data):
+    """An upper bound of the JSON values in ``data``: what decoding it may cost."""
+    return data.count(b',') + data.count(b'{') + data.count(b'[')
+
+
+def _object_too_large(what):
+    return Overrun('object_size', '%s is larger than %d bytes or %d JSON values'
+                   % (what, MAX_EVENT_BYTES, MAX_OBJECT_VALUES))
 
 
 def _events(response):
     """Yield the decoded events of a watch stream, one JSON object per line."""
     pending = bytearray()
     try:
-        for data in response.stream(amt=None):
+        # amt bounds each read: without it, urllib3 reads a whole HTTP chunk at
+        # once, however large the server says it is.
+        for data in response.stream(amt=READ_SIZE):
             pending += data
             while (end := pending.find(b'\n')) >= 0:
                 line = bytes(pending[:end])
@@ -357,7 +599,7 @@ def _events(response):
                 if line.strip():
                     yield _decode_event(line)
             if len(pending) > MAX_EVENT_BYTES:
-                raise _Unavailable('watch event larger than %d bytes' % MAX_EVENT_BYTES)
+                raise _object_too_large('a watch event')
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise _Unavailable('watch stream broken: %s' % (str(exc) or type(exc).__name__)) from None
     if pending.strip():
@@ -365,6 +607,9 @@ def _events(response):
 
 
 def _decode_event(line):
+    # Counted before decoding what could cost 25 times its size.
+    if _values_at_most(line) > MAX_OBJECT_VALUES:
+        raise _object_too_large('a watch event')
     try:
         event = json.loads(line)
     except ValueError:

@@ -40,6 +40,7 @@ ERRORS = ('False', 'True')                      # str(bool), as kuryr-kubernetes
 SERVICES = ('watcher', 'cni-worker', 'ops')     # kuryr_cni.daemon.main's children
 SERVERS = ('cni', 'health', 'metrics')          # kuryr_cni.daemon.server instances, by name
 DROP_REASONS = ('peer_uid', 'head_timeout', 'request_timeout', 'write_timeout', 'evicted')
+WATCH_LIMITS = ('list_bytes', 'list_time', 'object_size', 'object_count', 'watch_time')
 
 
 # The daemon's metric set (DESIGN 4.4); doc/source/operations.rst lists it for
@@ -66,6 +67,9 @@ SPECS = (
     Spec('watch_restarts', 'counter', 'kuryr_cni_watch_restarts_total',
          'Times the pod watch was re-established after a failure, by reason.', ('reason',),
          known=(('error', 'expired'),)),
+    Spec('watch_limits', 'counter', 'kuryr_cni_watch_limit_exceeded_total',
+         'Answers of the API server cut short for exceeding a limit of the watcher, by '
+         'limit.', ('limit',), known=(WATCH_LIMITS,)),
     Spec('watch_events', 'counter', 'kuryr_cni_watch_events_total',
          'Watch events received, by type.', ('type',),
          known=(('ADDED', 'MODIFIED', 'DELETED', 'BOOKMARK', 'ERROR'),)),
@@ -160,6 +164,11 @@ def vif_waited(seconds):
 def watch_restarted(reason):
     if _m:
         _m.watch_restarts.labels(reason).inc()
+
+
+def watch_limit_exceeded(limit):
+    if _m:
+        _m.watch_limits.labels(limit).inc()
 
 
 def watch_event(event_type):

@@ -443,6 +443,9 @@ def _open_ns_file(path):
     except FileNotFoundError:
         raise NamespaceNotFound('network namespace %s does not exist' % path) from None
     except OSError as exc:
+        if exc.errno in errors.SHORTAGES:       # the daemon's shortage, not the request's fault
+            raise errors.TryAgainLater('cannot open network namespace %s: %s'
+                                       % (path, exc.strerror)) from None
         raise errors.InvalidEnvironment('cannot open network namespace %s: %s'
                                         % (path, exc.strerror)) from None
     try:

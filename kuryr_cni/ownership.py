@@ -61,7 +61,7 @@ class Ownership:
     def add(self, req, deadline):
         self.kernel.check_netns(req.netns)
         pod = req.pod
-        self.registry.status.add_started(req.container_id, time.time(), pod.key)
+        self.registry.status.add_started(req.container_id, time.monotonic(), pod.key)
         try:
             wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
@@ -442,7 +442,8 @@ class Ownership:
     # GC -------------------------------------------------------------------
 
     def stale_attachments(self, network, valid, max_add_age):
-        """Attachments of ``network`` absent from ``valid`` {(cid, ifname)}.
+        """Attachments of ``network`` absent from ``valid`` {(cid, ifname)}, as
+        ``(pod, cid, ifname, added_at)``.
 
         An attachment whose ADD is in flight is never stale: ADD registers
         itself before it records anything, and a registration older than
@@ -456,16 +457,19 @@ class Ownership:
                     continue
                 for net, ifname in sandbox.attachments:
                     if net == network and (cid, ifname) not in valid:
-                        stale.append((binding.pod, cid, ifname))
+                        stale.append((binding.pod, cid, ifname,
+                                      sandbox.attachments[(net, ifname)].added_at))
         return stale
 
-    def collect(self, req, deadline, since, max_add_age):
+    def collect(self, req, deadline, listed_added_at, max_add_age):
         """GC one stale attachment (``req``: a DEL built by the GC) by DEL's rules.
 
         Judged again under the pod's lock, where an ADD cannot be plugging: an
-        attachment whose ADD is in flight now, or that was (re)made after the
-        GC began at ``since`` (a ``time.time()``), is spared. Returns the
-        outcome: 'spared', 'noop' (gone meanwhile) or DEL's.
+        attachment whose ADD is in flight now, or that was (re)made since
+        :meth:`stale_attachments` listed it (its ``added_at`` is not
+        ``listed_added_at`` any more), is spared. Compared for equality, not
+        against a clock: the wall clock may be stepped back between the two.
+        Returns the outcome: 'spared', 'noop' (gone meanwhile) or DEL's.
         """
         pod_key = req.pod.key
         with self.locks.hold(pod_key, deadline) as remove_lock:
@@ -478,7 +482,7 @@ class Ownership:
             if attachment is None:
                 return 'noop'
             if (req.container_id in self._adds_in_flight(max_add_age)
-                    or attachment.added_at >= since):
+                    or attachment.added_at != listed_added_at):
                 LOG.info('GC spares %s/%s of pod %s: its ADD is in flight or newer than the GC',
                          req.container_id, req.ifname, pod_key)
                 return 'spared'
@@ -490,7 +494,7 @@ class Ownership:
             return outcome
 
     def _adds_in_flight(self, max_age):
-        return self.registry.status.adds_since(time.time() - max_age)
+        return self.registry.status.adds_since(time.monotonic() - max_age)
 
     # Shared steps ----------------------------------------------------------
 

@@ -59,7 +59,10 @@ class PodLocks:
         delay = _POLL_FIRST
         while True:
             with state.disk_errors(self.directory, 'open the pod lock %s' % path):
-                fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+                # Never through a link: nobody but root writes here, and a lock
+                # file is made with O_CREAT, which would make the link's target.
+                fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW,
+                             0o600)
             try:
                 if self._try_lock(fd) and self._still_linked(fd, path):
                     return fd

@@ -88,6 +88,7 @@ class StatusFacts:
     shutting_down: bool
     watch_activity: float | None    # time.monotonic() of the last list, event or bookmark
     saturated: frozenset = frozenset()   # (role, worker_id) whose connections are at the cap
+    api_limits: tuple = ()          # why the API server's answers are being refused, in words
 
     def of_role(self, role):
         """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
@@ -103,8 +104,8 @@ class StatusTable:
     watch activity; ADDs register while in flight (a GC spares them); the
     parent asks for a mirror resync when a CNI worker died.
     Times are ``time.monotonic()`` readings (one clock for every process of
-    the machine), except ADD start times, which are ``time.time()`` like the
-    ``added_at`` of attachments they are compared with.
+    the machine, never stepped): a wall clock stepped forward would make ADDs
+    in flight look dead to a GC.
     """
 
     def __init__(self):
@@ -114,10 +115,11 @@ class StatusTable:
         self._synced = False
         self._shutting_down = False
         self._watch_activity = None
-        self._adds = {}             # container ID -> time.time() its ADD started
+        self._adds = {}             # container ID -> time.monotonic() its ADD started
         self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
+        self._api_limits = {}       # watched objects (in words) -> the limit exceeded, in words
 
     def server_pid(self):
         """The pid of the Manager process (this method runs in it)."""
@@ -169,6 +171,14 @@ class StatusTable:
         with self._lock:
             self._watch_activity = time.monotonic() if now is None else now
 
+    def note_api_limit(self, what, problem):
+        """The API server exceeded a limit of the watch of ``what`` (None: no longer)."""
+        with self._lock:
+            if problem is None:
+                self._api_limits.pop(what, None)
+            else:
+                self._api_limits[what] = problem
+
     # Shutdown ----------------------------------------------------------------------
 
     def mark_shutting_down(self):
@@ -203,7 +213,7 @@ class StatusTable:
             self._adds.pop(container_id, None)
 
     def adds_since(self, cutoff):
-        """Container IDs whose ADD started after ``cutoff`` (a ``time.time()``) and runs."""
+        """Container IDs whose ADD started after ``cutoff`` (a ``time.monotonic()``) and runs."""
         with self._lock:
             return {cid for cid, started in self._adds.items() if started > cutoff}
 
@@ -228,7 +238,8 @@ class StatusTable:
                                heartbeat_timeout=self._heartbeat_timeout,
                                synced=self._synced, shutting_down=self._shutting_down,
                                watch_activity=self._watch_activity,
-                               saturated=frozenset(self._saturated))
+                               saturated=frozenset(self._saturated),
+                               api_limits=tuple(sorted(self._api_limits.values())))
 
 
 class BindingTable(_Table):

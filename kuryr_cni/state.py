@@ -21,8 +21,16 @@ its writer has died, or once it is a minute old whatever its pid; the shims'
 temporary files in the DEL queue are removed at a minute old, since a shim may
 be writing one while the daemon starts, from another pid namespace.
 
+Only root may write here (issue 20): the state dir and each of its
+directories must belong to root (or the daemon's euid) and be writable by
+no group or other (:func:`unsafe_dir`); the daemon refuses to start
+otherwise, and refuses to read a directory that became so meanwhile. Every
+entry is opened without following a symbolic link and must be a regular
+file of root's that no group or other may write; any other is set aside, so
+a DEL planted by someone else is never replayed as root.
+
 A file that is not a valid record (not JSON, not the declared shape, another
-pod's record, a directory) is moved aside to ``<name>.corrupt-<time_ns>``,
+pod's record, a directory, not root's) is moved aside to ``<name>.corrupt-<time_ns>``,
 logged and counted, never fatal. A record of a format newer than this
 release reads is left untouched and refused (:class:`errors.UnreadableState`).
 A disk that refuses a read or write (full, read-only, failing) makes the
@@ -31,10 +39,12 @@ request fail with CNI code 11, naming the state dir and the error
 """
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
+import stat
 import time
 
 from oslo_log import log as logging
@@ -42,6 +52,7 @@ from oslo_log import log as logging
 from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni import records
+from kuryr_cni.cni import request as cni_request
 
 LOG = logging.getLogger(__name__)
 
@@ -90,6 +101,77 @@ def fsync_dir(directory):
 def ensure_dir(path, mode=0o700):
     os.makedirs(path, mode=mode, exist_ok=True)
     return path
+
+
+def private_dirs(state_dir):
+    """The state dir and its directories, each of which only root may write."""
+    return [state_dir] + [os.path.join(state_dir, sub) for sub in ('bindings', 'locks',
+                                                                   DEL_QUEUE)]
+
+
+def unsafe_dir(path):
+    """Why the directory ``path`` cannot be trusted with root's state, or None.
+
+    It must be a directory of root's (or of the daemon's euid) that no group
+    or other may write: anyone who can write it can plant files there.
+    """
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return '%s is not a directory' % path
+    if st.st_uid not in _trusted_uids():
+        return '%s belongs to uid %d, not to root or the daemon\'s uid %d' % (
+            path, st.st_uid, os.geteuid())
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return '%s is writable by group or others (mode %o)' % (path, stat.S_IMODE(st.st_mode))
+    return None
+
+
+def _trusted_uids():
+    return {0, os.geteuid()}
+
+
+class Untrusted(Exception):
+    """A state entry someone else may have written: set aside, never read."""
+
+
+def read_trusted(path, limit=None, nonblocking=False):
+    """The content of the state entry ``path``, read without following a link.
+
+    Raises :class:`Untrusted` unless it is a regular file of root's that no
+    group or other may write (and, with ``limit``, of at most that many
+    bytes); OSError as ``open`` does. ``nonblocking`` keeps a FIFO planted
+    in its place from blocking the reader.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if nonblocking else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Untrusted('it is a symbolic link') from None
+        raise
+    with os.fdopen(fd, 'rb') as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, 'is a directory', path)
+        if not stat.S_ISREG(st.st_mode):
+            raise Untrusted('it is not a regular file')
+        if st.st_uid not in _trusted_uids():
+            raise Untrusted('it belongs to uid %d, not to root' % st.st_uid)
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise Untrusted('it is writable by group or others (mode %o)'
+                            % stat.S_IMODE(st.st_mode))
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise Untrusted('it is larger than %d bytes' % limit)
+    return data
+
+
+def refuse_unsafe_dir(directory):
+    """Raise :class:`errors.StateFailure` (code 11) when ``directory`` is :func:`unsafe_dir`."""
+    with disk_errors(directory, 'check it'):
+        problem = unsafe_dir(directory)
+    if problem is not None:
+        raise errors.StateFailure('state dir %s: refusing to read it' % directory, problem)
 
 
 @contextlib.contextmanager
@@ -158,14 +240,17 @@ class BindingStore:
     def _read(self, name):
         """Parse and validate one binding file; None when missing, refused or set aside."""
         path = os.path.join(self.directory, name)
+        refuse_unsafe_dir(self.directory)
         with disk_errors(self.directory, 'read %s' % name):
             try:
-                with open(path, 'rb') as f:
-                    data = f.read()
+                data = read_trusted(path)
             except FileNotFoundError:
                 return None
             except IsADirectoryError:
                 self._set_aside(name, 'it is a directory')
+                return None
+            except Untrusted as exc:
+                self._set_aside(name, exc)
                 return None
         try:
             return records.Binding.from_dict(json.loads(data))
@@ -203,11 +288,11 @@ class BindingStore:
                     or _STEM.match(name[:-len('.json')]):
                 continue
             try:
-                with open(os.path.join(self.directory, name), 'rb') as f:
-                    binding = records.Binding.from_dict(json.loads(f.read()))
+                binding = records.Binding.from_dict(json.loads(
+                    read_trusted(os.path.join(self.directory, name))))
             except records.FutureFormat:
                 continue      # not ours to judge: a newer release wrote it
-            except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+            except (OSError, Untrusted, ValueError, UnicodeDecodeError, RecursionError) as exc:
                 self._set_aside(name, exc)
                 continue
             if binding.pod.replace('/', '_', 1) + '.json' != name:
@@ -244,19 +329,33 @@ class DelQueue:
 
     def __init__(self, state_dir):
         self.directory = ensure_dir(os.path.join(state_dir, DEL_QUEUE))
+        self._refusal = None        # why the directory is refused, as last logged
 
     def entries(self):
-        """Yield ``(path, body)`` for complete entries, oldest first."""
+        """Yield ``(path, body)`` for complete entries, oldest first.
+
+        None while the directory is :func:`unsafe_dir` (logged once); an entry
+        that is not root's is set aside unread.
+        """
+        problem = unsafe_dir(self.directory)
+        if problem != self._refusal:
+            if problem is not None:
+                LOG.error('Refusing to replay the DEL queue while %s', problem)
+            self._refusal = problem
+        if problem is not None:
+            return
         for name in sorted(os.listdir(self.directory)):
             if not _QUEUE_ENTRY.match(name):
                 continue
             path = os.path.join(self.directory, name)
             try:
-                with open(path, 'rb') as f:
-                    body = json.loads(f.read())
+                body = json.loads(read_trusted(path, limit=cni_request.MAX_BODY_BYTES,
+                                               nonblocking=True))
                 if not isinstance(body, dict):
                     raise ValueError('not a JSON object')
-            except (OSError, ValueError) as exc:
+            except FileNotFoundError:
+                continue
+            except (OSError, Untrusted, ValueError) as exc:
                 self.set_aside(path, exc)
                 continue
             yield path, body

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -621,11 +623,23 @@ func TestQueueCreatesMissingParents(t *testing.T) {
 	w.daemon.stop()
 	stateDir := filepath.Join(w.dir, "a", "b", "state")
 	conf := w.config("1.0.0", map[string]interface{}{"state_dir": stateDir})
+	// Root-only whatever the umask: the daemon refuses a state dir, or a queue,
+	// that others may write, and sets aside entries that are not root's alone.
+	defer syscall.Umask(syscall.Umask(0))
 	if code, out := run(cniEnv("DEL"), conf); code != 0 || out != "" {
 		t.Fatalf("got %d %q", code, out)
 	}
-	if entries, _ := os.ReadDir(filepath.Join(stateDir, queueDir)); len(entries) != 1 {
-		t.Errorf("queue: %v", entries)
+	entries, _ := os.ReadDir(filepath.Join(stateDir, queueDir))
+	if len(entries) != 1 {
+		t.Fatalf("queue: %v", entries)
+	}
+	for _, dir := range []string{"a", "a/b", "a/b/state", "a/b/state/" + queueDir} {
+		if info, err := os.Stat(filepath.Join(w.dir, dir)); err != nil || info.Mode() != fs.ModeDir|0o700 {
+			t.Errorf("%s: %v %v", dir, info.Mode(), err)
+		}
+	}
+	if info, _ := entries[0].Info(); info.Mode() != 0o600 {
+		t.Errorf("queue entry mode %v", info.Mode())
 	}
 }
 

@@ -57,6 +57,15 @@ class CNIApp:
             # The registry Manager is gone; the supervisor restarts the daemon.
             error = errors.TryAgainLater('daemon registry unavailable', str(exc))
             level = logging.ERROR
+        except OSError as exc:
+            if exc.errno in errors.SHORTAGES:
+                # Out of descriptors or memory for a moment: the runtime's retry may pass.
+                error = errors.TryAgainLater('the daemon ran short of resources', str(exc))
+                level = logging.ERROR
+            else:
+                LOG.exception('%s failed unexpectedly', command)
+                error = errors.CNIError('internal error', repr(exc))
+                level = logging.ERROR
         except Exception as exc:
             LOG.exception('%s failed unexpectedly', command)
             error = errors.CNIError('internal error', repr(exc))
@@ -111,18 +120,17 @@ class CNIApp:
         valid = _valid_attachments(req.config)
         if valid is None:
             return 'noop'     # a missing key is not an empty list: collect nothing
-        since = time.time()
         stale = self.ownership.stale_attachments(req.network, valid,
                                                  max_add_age=self.request_timeout)
         failures = []
-        for pod_key, container_id, ifname in stale:
+        for pod_key, container_id, ifname, added_at in stale:
             namespace, _, name = pod_key.partition('/')
             try:
                 self.ownership.collect(cni_request.Request(
                     command='DEL', cni_version=req.cni_version, network=req.network,
                     container_id=container_id, netns=None, ifname=ifname,
                     pod=cni_request.PodRef(namespace, name), config=req.config),
-                    deadline, since, max_add_age=self.request_timeout)
+                    deadline, added_at, max_add_age=self.request_timeout)
             except errors.CNIError as exc:
                 LOG.warning('GC of %s/%s of pod %s failed: %s (%s)',
                             container_id, ifname, pod_key, exc.msg, exc.details)

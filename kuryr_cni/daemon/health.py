@@ -9,7 +9,9 @@ registry call and ``/proc`` reads.
 * alive: the registry Manager answers, and at least one CNI worker's accept
   loop and the watcher process beat within ``[health] heartbeat_timeout``
   (:mod:`kuryr_cni.daemon.heartbeat`);
-* ready: alive, the watcher has synced with the API server, the CNI socket
+* ready: alive, the watcher has synced with the API server, which keeps
+  within the watcher's limits (:mod:`kuryr_cni.listwatch`: a server sending
+  too much, or for too long, is named here until it stops), the CNI socket
   can take work (not every serving worker has its connections at their cap,
   :mod:`kuryr_cni.daemon.server`), and the daemon is not shutting down.
 """
@@ -42,6 +44,7 @@ def judge(registry):
         problems.append('watcher stuck or dead')
     if not facts.synced:
         problems.append('watcher not synced with the API server')
+    problems.extend('API server over a limit: %s' % limit for limit in facts.api_limits)
     saturated = bool(workers) and all(('cni-worker', worker_id) in facts.saturated
                                       for worker_id in workers)
     if saturated:
@@ -50,8 +53,10 @@ def judge(registry):
         problems.append('shutting down')
     alive = bool(workers) and bool(watchers)
     return {'alive': alive,
-            'ready': alive and facts.synced and not saturated and not stopping,
+            'ready': (alive and facts.synced and not facts.api_limits and not saturated
+                      and not stopping),
             'registry': True, 'workers': len(workers), 'watcher_synced': facts.synced,
+            'api_limits': list(facts.api_limits),
             'socket_saturated': saturated, 'shutting_down': stopping, 'problems': problems}
 
 

@@ -11,8 +11,9 @@ metrics) are TCP and answer GETs only.
 import contextlib
 import os
 import socket
-import stat
 import struct
+
+from kuryr_cni import state
 
 ANY = '::'        # every address of both families, the ops ports' default
 BACKLOG = 1024    # the default of 5 stalls bursts of pod starts by ~1 s; floods need room too
@@ -23,15 +24,12 @@ class UnsafeSetup(Exception):
 
 
 def ensure_private_dir(path):
-    """Create ``path`` 0700 when missing; refuse one that others could write."""
+    """Create ``path`` 0700 when missing; refuse one that others could write
+    (:func:`kuryr_cni.state.unsafe_dir`)."""
     os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.stat(path)
-    if st.st_uid != os.geteuid():
-        raise UnsafeSetup('%s belongs to uid %d, not to the daemon\'s uid %d'
-                          % (path, st.st_uid, os.geteuid()))
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeSetup('%s is writable by group or others (mode %o)'
-                          % (path, stat.S_IMODE(st.st_mode)))
+    problem = state.unsafe_dir(path)
+    if problem is not None:
+        raise UnsafeSetup(problem)
     return path
 
 

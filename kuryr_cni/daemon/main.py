@@ -1,7 +1,8 @@
 """``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
 
 config, checked whole (a bad one ends the start here: one line on stderr,
-exit status 2) and logging → safety checks (no live daemon on the socket) →
+exit status 2) and logging → safety checks (no live daemon on the socket, a
+state dir only root may write, and its lock: one daemon per state dir) →
 metrics directory → registry Manager (before cotyledon, with the fork start method,
 its socket ``registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
@@ -14,6 +15,7 @@ Manager dies, the parent stops gracefully too and exits non-zero
 
 import contextlib
 import ctypes
+import fcntl
 import gc
 import multiprocessing
 import os
@@ -39,6 +41,7 @@ from kuryr_cni.daemon import worker
 LOG = logging.getLogger(__name__)
 
 REGISTRY_SOCKET = 'registry.sock'   # the registry Manager's, beside the CNI socket
+STATE_LOCK = 'daemon.lock'          # in the state dir: one daemon per state dir
 M_ARENA_MAX = -8                    # mallopt(3)
 
 
@@ -64,8 +67,10 @@ def main(argv=None):
     try:
         return run(conf)
     except listener.UnsafeSetup as exc:
-        LOG.error('Refusing to start: %s', exc)
-        return 2
+        refusal = str(exc)
+    # Outside the except block, so that the log line does not repeat it.
+    LOG.error('Refusing to start: %s', refusal)
+    return 2
 
 
 def run(conf):
@@ -73,8 +78,9 @@ def run(conf):
     run_dir = listener.ensure_private_dir(os.path.dirname(opts.socket))
     # Before anything in the run dir is wiped or replaced: a live daemon owns it.
     listener.refuse_live_daemon(opts.socket)
-    state.ensure_dir(opts.state_dir)
-    listener.ensure_private_dir(opts.state_dir)
+    for directory in state.private_dirs(opts.state_dir):    # only root may plant state
+        listener.ensure_private_dir(directory)
+    _lock_state_dir(opts.state_dir)     # a bare descriptor: held until we exit
     metrics.setup(os.path.join(run_dir, 'metrics'))
     _freeze_heap()
     manager, registry = registry_mod.Registry.start(address=_registry_socket(run_dir))
@@ -96,6 +102,27 @@ def run(conf):
         guard.disarm()
         manager.shutdown()
     return 0
+
+
+def _lock_state_dir(state_dir):
+    """Take the state dir's lock, or refuse: one daemon per state dir, whatever its socket.
+
+    An ``fcntl.flock`` on ``daemon.lock`` in the state dir, taken before
+    anything there is read or changed, and never released: the kernel drops
+    it when the last process holding it (the parent, the Manager and the
+    children inherit it) has exited. Returns the descriptor.
+    """
+    path = os.path.join(state_dir, STATE_LOCK)
+    # Read-only: a descriptor open for writing would keep the disk from being
+    # remounted read-only under a running daemon.
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise listener.UnsafeSetup('another daemon uses the state dir %s (it holds %s)'
+                                   % (state_dir, path)) from None
+    return fd
 
 
 def _address(sock):

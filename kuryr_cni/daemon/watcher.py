@@ -50,20 +50,32 @@ class WatcherService(cotyledon.Service):
         node = self.conf.cni_daemon.node_name
         options = dict(watch_timeout=k8s.watch_timeout, on_restart=metrics.watch_restarted,
                        on_event=metrics.watch_event,
-                       on_activity=self.registry.status.note_watch_activity)
+                       on_activity=self.registry.status.note_watch_activity,
+                       list_max_bytes=k8s.list_max_bytes, list_timeout=k8s.list_timeout)
         if self.conf.cni_daemon.vif_source != 'kuryrport':
             source = annotation.PodAnnotations(client, node)
-            listwatch.ListWatch(source, self.registry, **options).run(self.stop_event)
+            self._list_watch(source, self.registry, options).run(self.stop_event)
             return
         # KuryrPorts carry the VIFs; the pods' own watch only tells deletions.
         merged = kuryrport.PodVIFs(self.registry)
-        pods = listwatch.ListWatch(kuryrport.PodPresence(client, node), merged.pods, **options)
+        pods = self._list_watch(kuryrport.PodPresence(client, node), merged.pods, options)
         pod_thread = threading.Thread(target=pods.run, args=(self.stop_event,),
                                       name='pod-watch', daemon=True)
         pod_thread.start()
-        listwatch.ListWatch(kuryrport.KuryrPorts(client, node), merged.ports,
-                            **options).run(self.stop_event)
+        self._list_watch(kuryrport.KuryrPorts(client, node), merged.ports,
+                         options).run(self.stop_event)
         pod_thread.join()
+
+    def _list_watch(self, source, sink, options):
+        status = self.registry.status
+
+        def on_limit(limit, problem):
+            # Counted each time; /ready names it until the server keeps within limits.
+            if limit is not None:
+                metrics.watch_limit_exceeded(limit)
+            status.note_api_limit(source.what, problem)
+
+        return listwatch.ListWatch(source, sink, on_limit=on_limit, **options)
 
     def terminate(self):
         # ADDs in flight may still wait for their VIFs: feed them until the

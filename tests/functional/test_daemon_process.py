@@ -9,6 +9,7 @@ import pytest
 
 from tools.testbed import host as testhost
 from tests.functional import conftest
+from tests.functional import crash
 from tests.functional import helpers
 
 pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASON)
@@ -83,3 +84,31 @@ def test_refuses_a_world_writable_run_directory(node):
     proc = node.start_daemon(wait=False)
     assert proc.wait(30) == 2
     assert 'writable by group or others' in node.log_tail()
+
+
+def test_a_second_daemon_on_the_same_state_dir_is_refused_whatever_its_socket(daemon):
+    """Issue 20, item 4: the start check probed only the socket."""
+    first = os.path.join(daemon.workdir, 'kuryr-cni.conf')
+    second = os.path.join(daemon.workdir, 'second.conf')
+    other_run_dir = os.path.join(daemon.workdir, 'run2')
+    with open(first) as f:
+        text = f.read().replace(daemon.socket, os.path.join(other_run_dir, 'daemon.sock'))
+    with open(second, 'w') as f:
+        # Ports of its own too: nothing but the state dir is shared.
+        f.write(text.replace('daemon.log', 'second.log')
+                + '\n[health]\nport = 18090\n[prometheus]\nport = 19655\n')
+    metrics_before = helpers.scrape(daemon)
+    proc = subprocess.run(
+        ['ip', 'netns', 'exec', daemon.ns, *testhost.daemon_command(), '--config-file', second],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    assert proc.returncode == 2
+    with open(os.path.join(daemon.workdir, 'second.log')) as f:
+        lines = f.read().splitlines()
+    refusals = [line for line in lines if 'Refusing to start' in line]
+    assert len(refusals) == 1 and refusals[0].endswith(
+        'Refusing to start: another daemon uses the state dir %s (it holds %s/daemon.lock)'
+        % (daemon.state_dir, daemon.state_dir)), lines
+    assert not os.path.exists(os.path.join(other_run_dir, 'daemon.sock'))
+    assert helpers.scrape(daemon).keys() == metrics_before.keys()
+    assert daemon.daemon.poll() is None
+    assert crash.daemon_get(daemon, '/v1/status')[0] == 200       # the first serves on

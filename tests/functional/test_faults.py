@@ -9,6 +9,7 @@ racing it with a sleep.
 import concurrent.futures
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -254,7 +255,8 @@ def test_registry_manager_death_is_reported_and_the_restart_reloads_state(daemon
         os.kill(parent, signal.SIGCONT)
     assert node.daemon.wait(30) == 3            # non-zero: the supervisor restarts it
     assert helpers.wait_gone(watched, timeout=15) == []
-    assert 'registry Manager process %d died' % manager in node.log_tail(80)
+    # The whole log: under load, the workers' own accounts of the loss may follow it.
+    assert 'registry Manager process %d died' % manager in node.log_tail(100000)
     assert node.ping(a.netns, testhost.GATEWAY)   # the pod never depended on the daemon
 
     node.start_daemon()                         # what Restart=on-failure does
@@ -447,3 +449,90 @@ def test_logs_never_print_the_bearer_token(node, runtime, tmp_path):
             assert secret not in f.read(), name
     assert subprocess.run(['grep', '-rl', secret, node.workdir], capture_output=True,
                           text=True).stdout.split() == []
+
+
+# Issue 20: kills during a burst of ADDs ----------------------------------------------------
+
+
+@pytest.mark.parametrize('victim', ['parent', 'registry'])
+def test_sigkill_during_a_burst_of_adds_loses_nothing_and_the_restart_converges(
+        daemon, runtime, victim):
+    node = daemon
+    indexes = range(30, 38)
+    pods = {index: crash.make_pod(node, index) for index in indexes}
+    crash.wait_seen(node, len(pods))
+    watched = {pid: os.pidfd_open(pid) for pid in node.daemon_pids()}
+    with concurrent.futures.ThreadPoolExecutor(len(pods)) as pool:
+        futures = {index: pool.submit(runtime.add, pod) for index, pod in pods.items()}
+        wait.until(lambda: any(helpers.binding(node, 'default/pod-%d' % i) for i in indexes),
+                   20, 'the burst to be under way')
+        killed_at = time.monotonic()
+        crash.kill(node.daemon.pid if victim == 'parent'
+                   else crash.titled(node, crash.REGISTRY_TITLE)[0])
+        outcomes = {index: future.result(timeout=150) for index, future in futures.items()}
+    # Children finish or fail what they hold, then go; the state dir's lock with them.
+    assert helpers.wait_gone(watched, timeout=150) == []
+    gone_after = time.monotonic() - killed_at
+    answered = sorted(i for i, outcome in outcomes.items() if outcome.ok)
+    assert all(outcome.ok or outcome.error_code == 11 for outcome in outcomes.values()), outcomes
+    print('\nSIGKILL of the %s: %d of %d ADDs answered OK, the rest code 11; every process '
+          'gone %.1f s after' % (victim, len(answered), len(pods), gone_after))
+    node.start_daemon()
+    for index, pod in pods.items():
+        if not outcomes[index].ok:
+            assert runtime.add(pod).ok              # the runtime's retry
+    for index, pod in pods.items():
+        helpers.assert_connected(node, pod, index)
+        assert runtime.delete(pod).ok
+    assert helpers.leftovers(node) == helpers.NOTHING
+
+
+def _daemon_processes(node):
+    return sorted(pid for pid, title in node.processes().items()
+                  if title.startswith('kuryr-cni-daemon'))
+
+
+def _open_fds(pid):
+    return len(os.listdir('/proc/%d/fd' % pid))
+
+
+def test_fd_exhaustion_fails_adds_with_code_11_and_the_daemon_recovers(daemon, runtime):
+    """Issue 20: a low RLIMIT_NOFILE on every daemon process, during a burst of ADDs."""
+    node = daemon
+    indexes = range(40, 52)
+    pods = {index: crash.make_pod(node, index) for index in indexes}
+    crash.wait_seen(node, len(pods))
+    pids = _daemon_processes(node)
+    before = {pid: _open_fds(pid) for pid in pids}
+    limits = {pid: resource.prlimit(pid, resource.RLIMIT_NOFILE) for pid in pids}
+    # A few descriptors above what each holds now: the burst runs out of them.
+    for pid in pids:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (before[pid] + 12, limits[pid][1]))
+    with concurrent.futures.ThreadPoolExecutor(len(pods)) as pool:
+        outcomes = dict(zip(pods, pool.map(runtime.add, pods.values())))
+    failed = sorted(i for i, outcome in outcomes.items() if not outcome.ok)
+    assert [(o.error_code, o.output) for o in outcomes.values()
+            if not o.ok and o.error_code != 11] == []
+    assert _daemon_processes(node) == pids                  # nobody died of it
+    for pid in pids:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, limits[pid])
+    print('\nRLIMIT_NOFILE at open descriptors + 12: %d of %d ADDs failed with code 11, '
+          'no process died' % (len(failed), len(pods)))
+    assert crash.health(node, 'ready')[0] == 200
+    for index in failed:
+        assert runtime.add(pods[index]).ok                  # the runtime's retry
+    for index, pod in pods.items():
+        helpers.assert_connected(node, pod, index)
+        assert runtime.delete(pod).ok
+    assert helpers.leftovers(node) == helpers.NOTHING
+    # Nothing leaked: another round of twelve ADDs and DELs leaves no process with
+    # more than six more descriptors (request threads' first netlink sockets);
+    # a leak of the failed round would be one per failure. The first round's
+    # growth is what first use opens: netlink sockets, metric files.
+    settled = {pid: _open_fds(pid) for pid in pids}
+    for index, pod in pods.items():
+        assert runtime.add(pod).ok
+    for pod in pods.values():
+        assert runtime.delete(pod).ok
+    grown = {pid: _open_fds(pid) - settled[pid] for pid in pids}
+    assert max(grown.values()) <= 6, grown

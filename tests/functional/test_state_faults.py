@@ -19,6 +19,7 @@ from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
+from tests import wait
 from tests.functional import conftest
 from tests.functional import crash
 from tests.functional import helpers
@@ -272,3 +273,62 @@ def test_item8_temporary_files_are_removed_at_start_whoever_wrote_them(daemon, r
     assert not os.path.exists(left)
     assert [n for n in os.listdir(bindings) if n.startswith('.')] == []
     helpers.assert_connected(node, a, 16)
+
+
+# Issue 20, item 2: only root may plant state -------------------------------------------
+
+
+@pytest.mark.parametrize('sub, mode', [('', 0o770), ('bindings', 0o777), ('locks', 0o775),
+                                       ('del-queue', 0o777), ('del-queue', 0o730)])
+def test_issue20_a_state_directory_others_may_write_refuses_the_start(node, sub, mode):
+    directory = os.path.join(node.state_dir, sub)
+    os.makedirs(directory, mode=0o700)
+    os.chmod(directory, mode)
+    assert node.start_daemon(wait=False).wait(30) == 2
+    log = open(os.path.join(node.workdir, 'daemon.log')).read()
+    refusals = [line for line in log.splitlines() if 'Refusing to start' in line]
+    assert len(refusals) == 1, log
+    assert refusals[0].endswith('Refusing to start: %s is writable by group or others '
+                                '(mode %o)' % (directory.rstrip('/'), mode))
+    assert not os.path.exists(node.socket)
+
+
+def _a_queued_del(node, sandbox, tmp_path):
+    """The bytes of the queue entry a shim writes for ``sandbox``'s DEL."""
+    elsewhere = str(tmp_path / 'elsewhere')
+    cut_off = testruntime.Runtime(str(tmp_path / 'unreachable' / 'd.sock'), elsewhere,
+                                  str(tmp_path / 'cut-off-cache'))
+    assert cut_off.delete(sandbox).ok
+    (name,) = os.listdir(os.path.join(elsewhere, 'del-queue'))
+    with open(os.path.join(elsewhere, 'del-queue', name), 'rb') as f:
+        return f.read()
+
+
+def test_issue20_a_del_planted_by_someone_else_is_set_aside_not_replayed(daemon, runtime,
+                                                                         tmp_path):
+    node = daemon
+    pod = crash.make_pod(node, 8)
+    assert runtime.add(pod).ok
+    entry = _a_queued_del(node, pod, tmp_path)
+    queue = os.path.join(node.state_dir, 'del-queue')
+    # What an ordinary user could leave in a queue directory others may write:
+    # an entry of their own, and a link to one of root's elsewhere.
+    planted = os.path.join(queue, '1-1.json')
+    with open(planted, 'wb') as f:
+        f.write(entry)
+    os.chown(planted, 65534, 65534)
+    roots = tmp_path / 'roots-entry.json'
+    roots.write_bytes(entry)
+    os.symlink(roots, os.path.join(queue, '2-1.json'))
+    # The housekeeping round comes every 2 s.
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_state_files_set_aside_total',
+                                      kind='del_queue') == 2, 15,
+               'both planted entries to be set aside')
+    assert sorted(n.partition('.corrupt-')[0] for n in crash.queue_entries(node)) == [
+        '1-1.json', '2-1.json']
+    assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 0
+    helpers.assert_connected(node, pod, 8)          # still has its eth0, and pings
+    log = node.log_tail(200)
+    assert 'it belongs to uid 65534, not to root' in log and 'it is a symbolic link' in log
+    assert runtime.delete(pod).ok                   # the runtime's own DEL still works
+    assert set(node.links(pod.netns)) == {'lo'}

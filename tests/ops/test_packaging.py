@@ -80,7 +80,7 @@ def test_the_wheel_metadata_states_python_readme_license_and_dependencies(wheel)
     assert metadata.get_payload().strip() == (REPO / 'README.md').read_text().strip()
     requires = {Requirement(r).name: Requirement(r) for r in metadata.get_all('Requires-Dist')}
     assert set(requires) == {'cotyledon', 'kubernetes', 'oslo.config', 'oslo.log',
-                             'prometheus_client', 'pyroute2', 'setproctitle', 'urllib3'}
+                             'prometheus_client', 'pyroute2', 'setproctitle', 'urllib3', 'ijson'}
     # watcher.py calls HTTPResponse.shutdown(), new in urllib3 2.3.
     assert not requires['urllib3'].specifier.contains('2.2.3')
     assert requires['urllib3'].specifier.contains('2.3.0')

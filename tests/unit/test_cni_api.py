@@ -82,10 +82,10 @@ def test_gc_without_the_key_collects_nothing(app, owner):
 
 def test_gc_spares_a_container_with_an_add_in_flight(app, owner, registry):
     attach(owner, 'a', 'cid-a', added_at=1)
-    registry.status.add_started('cid-a', time.time())
+    registry.status.add_started('cid-a', time.monotonic())
     assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
     assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
-    registry.status.add_started('cid-a', time.time() - 31)   # its worker died long ago
+    registry.status.add_started('cid-a', time.monotonic() - 31)   # its worker died long ago
     assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
     assert attachments(owner) == []
 
@@ -98,16 +98,37 @@ def _del(cid, pod='a'):
 
 def test_collect_judges_again_under_the_lock(owner, registry):
     """What the GC listed may have come alive before it took the pod's lock."""
-    since = time.time()
-    attach(owner, 'a', 'cid-a')                          # re-made after the GC began
-    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'spared'
-    attach(owner, 'a', 'cid-a', added_at=since - 1)
-    registry.status.add_started('cid-a', time.time())        # an ADD started meanwhile
-    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'spared'
+    attach(owner, 'a', 'cid-a', added_at=1000.0)
+    [(_, _, _, listed)] = owner.stale_attachments(NETWORK, set(), 30)
+    attach(owner, 'a', 'cid-a', added_at=1001.0)         # re-made after the GC listed it
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'spared'
+    attach(owner, 'a', 'cid-a', added_at=listed)
+    registry.status.add_started('cid-a', time.monotonic())   # an ADD started meanwhile
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'spared'
     registry.status.add_finished('cid-a')
-    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'success'
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'success'
     assert attachments(owner) == []
-    assert owner.collect(_del('cid-a'), time.monotonic() + 5, since, 30) == 'noop'
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'noop'
+
+
+def test_gc_spares_what_was_remade_when_the_wall_clock_stepped_back(owner):
+    """Issue 20: re-made with an earlier wall time than when it was listed."""
+    attach(owner, 'a', 'cid-a', added_at=time.time())
+    [(_, _, _, listed)] = owner.stale_attachments(NETWORK, set(), 30)
+    attach(owner, 'a', 'cid-a', added_at=listed - 3600)    # the clock went back an hour
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'spared'
+    assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
+
+
+def test_an_add_in_flight_is_spared_when_the_wall_clock_steps_forward(owner, registry,
+                                                                      monkeypatch):
+    """Issue 20: ADDs in flight are told by the monotonic clock, which is never stepped."""
+    attach(owner, 'a', 'cid-a', added_at=1.0)
+    registry.status.add_started('cid-a', time.monotonic())
+    real = time.time
+    monkeypatch.setattr(time, 'time', lambda: real() + 86400)    # a day ahead
+    assert owner.stale_attachments(NETWORK, set(), 30) == []
+    assert owner.collect(_del('cid-a'), time.monotonic() + 5, 1.0, 30) == 'spared'
 
 
 @pytest.mark.parametrize('entries', [{}, 'all', [{'containerID': 'cid-a'}],

@@ -12,6 +12,7 @@ import time
 
 from kubernetes import client
 from kubernetes.config import incluster_config
+from oslo_log import log as oslo_logging
 import pytest
 
 from kuryr_cni import apiclient
@@ -570,3 +571,100 @@ def test_no_failure_path_logs_the_token(tmp_path, harnesses):
     assert 'retrying' in text and 'relisting' in text
     for part in (secret, secret[:4], secret[4:], secret[::-1]):
         assert part not in text
+
+
+# A server over the watcher's limits (issue 20) ---------------------------------------
+
+@pytest.fixture
+def hostile():
+    """Factory of :class:`tests.functional.hostile_api.HostileAPI` servers on loopback."""
+    from tests.functional import hostile_api
+    made = []
+
+    def make(behaviour):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(('127.0.0.1', 0))
+        sock.listen(16)
+        api = hostile_api.HostileAPI(sock, behaviour)
+        api.go.set()
+        made.append(api)
+        return api
+    yield make
+    for api in made:
+        api.close()
+
+
+@pytest.mark.parametrize('behaviour, limit, options', [
+    ('endless-list', 'list_bytes', {'list_max_bytes': 1024 * 1024}),
+    ('many-pods', 'object_count', {'max_objects': 100}),
+    ('huge-object', 'object_size', {}),
+    ('trickling-list', 'list_time', {'list_timeout': 1}),
+    ('endless-watch', 'watch_time', {'watch_timeout': 1}),
+])
+def test_a_server_over_a_limit_is_cut_reported_once_and_backed_off_from(
+        hostile, caplog, behaviour, limit, options):
+    api = hostile(behaviour)
+    sink = Sink()
+    reported = []
+
+    def on_limit(exceeded, problem):
+        with sink.cond:
+            reported.append((exceeded, problem))
+            sink.cond.notify_all()
+
+    client_ = apiclient.make_api_client(api_root=api.url)
+    watcher = listwatch.ListWatch(annotation.PodAnnotations(client_, NODE), sink,
+                                  backoff_max=0.2, on_limit=on_limit, **options)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,))
+    with caplog.at_level(logging.WARNING, logger='kuryr_cni.listwatch'):
+        thread.start()
+        try:
+            sink.wait_for(lambda s: len(reported) >= 2, 'two overruns')
+        finally:
+            stop.set()
+            thread.join(WAIT)
+            client_.close()
+    assert not thread.is_alive()
+    assert {exceeded for exceeded, _ in reported} == {limit}
+    told = [r for r in caplog.records if 'exceeded a limit' in r.getMessage()]
+    assert len(told) == 1
+    assert not sink.synced
+
+
+ITEMS = b','.join(json.dumps({'metadata': {'name': 'p%d' % i}}).encode() for i in range(3))
+
+
+@pytest.mark.parametrize('body', [
+    b'{"kind":"PodList","metadata":{"resourceVersion":"42"},"items":[' + ITEMS + b']}',
+    # A custom resource list, as kube-apiserver writes it: keys in alphabetical order.
+    b'{"apiVersion":"openstack.org/v1","items":[' + ITEMS + b'],"kind":"KuryrPortList",'
+    b'"metadata":{"continue":"","resourceVersion":"42"}}\n',
+])
+def test_a_list_is_decoded_as_it_arrives_and_its_version_read_from_its_head_or_tail(body):
+
+    class Response:
+        def __init__(self):
+            self.data, self.reads = body, 0
+
+        def read(self, size):
+            self.reads += 1
+            size = min(size, 7)                                # a few bytes at a time
+            chunk, self.data = self.data[:size], self.data[size:]
+            return chunk
+
+    listing = listwatch._Listing(Response(), 1024, 'pods')
+    names = [obj['metadata']['name'] for obj in listing.objects()]
+    assert names == ['p0', 'p1', 'p2'] and listing.resource_version == '42'
+    with pytest.raises(listwatch.Overrun) as caught:
+        list(listwatch._Listing(Response(), 100, 'pods').objects())
+    assert caught.value.limit == 'list_bytes'
+
+
+def test_tokens_are_blanked_out_of_what_is_logged(caplog):
+    apiclient._remember_secret('s3cr3t-token-value')
+    log = apiclient.redacting(oslo_logging.getLogger('kuryr_cni.test_redaction'))
+    with caplog.at_level(logging.INFO, logger='kuryr_cni.test_redaction'):
+        log.info('server said: %s', 'Authorization: Bearer s3cr3t-token-value')
+    assert caplog.records[0].getMessage() == 'server said: Authorization: Bearer <redacted>'
+    assert apiclient.clip('x s3cr3t-token-value') == 'x <redacted>'

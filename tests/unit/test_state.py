@@ -401,3 +401,94 @@ def test_del_queue_removes_what_a_killed_shim_left_once_old(tmp_path):
     queue_entry(d, '1733140000100000000-99.json', {'CNI_CONTAINERID': 'c1'})
     assert queue.remove_temporaries() == 1
     assert listing(d) == [os.path.basename(recent), '1733140000100000000-99.json']
+
+
+# -- only root's entries are read (issue 20) --------------------------------
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason='chown needs root')
+
+
+def plant(directory, name, how, tmp_path):
+    """An entry someone else could have planted; returns its path."""
+    path = directory / name
+    body = json.dumps({'CNI_CONTAINERID': 'planted'}).encode()
+    if how == 'symlink':
+        target = tmp_path / 'elsewhere.json'
+        target.write_bytes(body)
+        path.symlink_to(target)
+    elif how == 'fifo':
+        os.mkfifo(path, 0o600)
+    else:
+        path.write_bytes(body)
+        if how == 'writable':
+            os.chmod(path, 0o666)
+        elif how == 'nobody':
+            os.chown(path, 65534, 65534)
+    return str(path)
+
+
+@pytest.mark.parametrize('how', [
+    'symlink', 'fifo', 'writable', pytest.param('nobody', marks=needs_root)])
+def test_del_queue_sets_aside_an_entry_that_is_not_roots_unread(tmp_path, how):
+    queue = state.DelQueue(str(tmp_path))
+    d = tmp_path / 'del-queue'
+    queue_entry(d, '1-1.json', {'CNI_CONTAINERID': 'c1'})
+    plant(d, '2-1.json', how, tmp_path)
+    assert [b['CNI_CONTAINERID'] for _, b in queue.entries()] == ['c1']
+    assert aside(d) == ['2-1.json']
+    if how == 'symlink':
+        assert (tmp_path / 'elsewhere.json').exists()       # the link moved, not its target
+
+
+def test_del_queue_is_not_read_while_others_may_write_it(tmp_path, caplog):
+    queue = state.DelQueue(str(tmp_path))
+    d = tmp_path / 'del-queue'
+    queue_entry(d, '1-1.json', {'CNI_CONTAINERID': 'c1'})
+    os.chmod(d, 0o777)
+    with caplog.at_level(logging.ERROR):
+        assert list(queue.entries()) == [] and list(queue.entries()) == []
+    assert [r.getMessage() for r in caplog.records] == [
+        'Refusing to replay the DEL queue while %s is writable by group or others '
+        '(mode 777)' % d]                                    # once, not at every round
+    assert listing(d) == ['1-1.json']                        # left for the operator
+    os.chmod(d, 0o700)
+    assert [b['CNI_CONTAINERID'] for _, b in queue.entries()] == ['c1']
+
+
+@pytest.mark.parametrize('how', [
+    'symlink', 'writable', pytest.param('nobody', marks=needs_root)])
+def test_a_binding_that_is_not_roots_is_set_aside_unread(store, tmp_path, how):
+    store.save(binding())
+    name = os.path.basename(store.path('demo/web-0'))
+    os.unlink(store.path('demo/web-0'))
+    plant(tmp_path / 'bindings', name, how, tmp_path)
+    assert store.load('demo/web-0') is None
+    assert aside(store.directory) == [name]
+
+
+def test_bindings_are_not_read_while_others_may_write_their_directory(store):
+    store.save(binding())
+    os.chmod(store.directory, 0o775)
+    with pytest.raises(errors.StateFailure) as caught:
+        store.load('demo/web-0')
+    assert caught.value.code == 11 and 'writable by group or others' in caught.value.details
+
+
+@pytest.mark.parametrize('how', [
+    'file', 'writable', pytest.param('nobody', marks=needs_root)])
+def test_unsafe_dir_names_what_is_wrong(tmp_path, how):
+    d = tmp_path / 'd'
+    if how == 'file':
+        d.write_text('')
+    else:
+        d.mkdir(mode=0o700)
+        if how == 'writable':
+            os.chmod(d, 0o770)
+        else:
+            os.chown(d, 65534, 65534)
+    expected = {'file': 'is not a directory', 'writable': 'writable by group or others (mode 770)',
+                'nobody': 'belongs to uid 65534, not to root'}[how]
+    assert expected in state.unsafe_dir(str(d))
+    os.unlink(d) if how == 'file' else os.rmdir(d)
+    d.mkdir(mode=0o700)
+    assert state.unsafe_dir(str(d)) is None

@@ -625,8 +625,13 @@ class APIServer:
                                                                key=lambda kv: kv[0])
                      if plural == resource.plural and selector.matches(obj)]
             rv = self._rv
-        return {'kind': resource.list_kind, 'apiVersion': resource.api_version,
-                'metadata': {'resourceVersion': str(rv)}, 'items': items}
+        listed = {'kind': resource.list_kind, 'apiVersion': resource.api_version,
+                  'metadata': {'resourceVersion': str(rv)}, 'items': items}
+        if resource.prefix.startswith('/apis/'):
+            # A custom resource list is unstructured: kube-apiserver writes its
+            # keys in alphabetical order, metadata after items.
+            listed = dict(sorted(listed.items()))
+        return listed
 
     def _open_watch(self, resource, selector, since):
         """Return ``(initial events, cursor, epoch)``; raise _Gone for lost history."""
