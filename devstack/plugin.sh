@@ -120,7 +120,7 @@ import sys
 
 name, socket, timeout, state_dir = sys.argv[1:]
 json.dump({
-    'cniVersion': '1.1.0',
+    'cniVersion': '1.0.0',
     'name': name,
     'plugins': [{
         'type': 'kuryr-cni',

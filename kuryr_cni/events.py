@@ -1,17 +1,24 @@
-"""Kubernetes Events on pods whose ADD timed out waiting for their VIFs.
+"""Kubernetes Events on pods whose ADD waits for, or timed out waiting for, their VIFs.
 
-Operators of this lineage look for them with ``kubectl describe pod``:
-reason ``CNITimeoutKuryrPortRegistry`` when no VIF of the pod was published
-in time (no annotation, no KuryrPort, or an empty one) and
-``CNITimedOutWaitingForActiveVIFs`` when the VIFs were there but not all
-active, type ``Warning``, source component ``kuryr-daemon`` on this node.
+Operators of this lineage look for them with ``kubectl describe pod``; the
+reasons are upstream kuryr-daemon's, source component ``kuryr-daemon`` on
+this node:
 
-Best effort and bounded: :meth:`EventPoster.vif_timeout` only queues (a
-full queue drops the event and logs it), and one background thread per
-process posts them (``POST /api/v1/namespaces/<ns>/events`` through the
-official client) with a request timeout. A failed post is logged and
-forgotten; nothing here ever raises into the request path or waits for the
-API server there.
+- ``CNIWaitingForActiveVIFs`` (Normal): the pod's VIFs are plugged and the ADD
+  now waits for them to turn active (Neutron ACTIVE, under KuryrPorts);
+- ``CNITimedOutWaitingForActiveVIFs`` (Warning): they did not in time;
+- ``CNITimeoutKuryrPortRegistry`` (Warning, KuryrPort source) or
+  ``CNITimedOutWaitingForVIFAnnotation`` (Warning, annotation source): no VIF
+  of the pod was published in time.
+
+Messages speak of the VIF source in use: Neutron ports and kuryr-controller
+under KuryrPorts, the ``kuryr.openstack.org/vifs`` annotation otherwise.
+
+Best effort and bounded: posting only queues (a full queue drops the event
+and logs it), and one background thread per process posts them (``POST
+/api/v1/namespaces/<ns>/events`` through the official client) with a request
+timeout. A failed post is logged and forgotten; nothing here ever raises into
+the request path or waits for the API server there.
 """
 
 import datetime
@@ -23,11 +30,20 @@ from kubernetes import client
 from oslo_log import log as logging
 
 from kuryr_cni import apiclient
+from kuryr_cni import vif as vif_model
 
 LOG = logging.getLogger(__name__)
 
-REASON_NO_VIFS = 'CNITimeoutKuryrPortRegistry'
+REASON_WAITING = 'CNIWaitingForActiveVIFs'
 REASON_INACTIVE = 'CNITimedOutWaitingForActiveVIFs'
+REASON_NO_VIFS = {'kuryrport': 'CNITimeoutKuryrPortRegistry',
+                  'annotation': 'CNITimedOutWaitingForVIFAnnotation'}
+# What the VIFs are, and where their absence is explained, per VIF source.
+_PORTS = {'kuryrport': 'the Neutron ports of %s', 'annotation': 'the VIFs of %s'}
+_ACTIVE = {'kuryrport': 'to become ACTIVE after binding',
+           'annotation': 'to be marked active in its kuryr.openstack.org/vifs annotation'}
+_NOT_PUBLISHED = {'kuryrport': 'to be published in its KuryrPort. Check kuryr-controller logs',
+                  'annotation': 'to be published in its kuryr.openstack.org/vifs annotation'}
 COMPONENT = 'kuryr-daemon'
 QUEUE_SIZE = 64
 REQUEST_TIMEOUT = (3, 5)     # (connect, read) seconds of one POST
@@ -40,10 +56,11 @@ class EventPoster:
     in that thread, so a broken API configuration costs only the Events.
     """
 
-    def __init__(self, make_client, node_name, request_timeout=REQUEST_TIMEOUT,
-                 queue_size=QUEUE_SIZE):
+    def __init__(self, make_client, node_name, source='kuryrport',
+                 request_timeout=REQUEST_TIMEOUT, queue_size=QUEUE_SIZE):
         self.make_client = make_client
         self.node_name = node_name
+        self.source = source         # [cni_daemon] vif_source: what the messages speak of
         self.request_timeout = request_timeout
         self._queue = queue.Queue(queue_size)
         self._idle = threading.Condition()
@@ -51,23 +68,34 @@ class EventPoster:
         self._thread = None
         self._start_lock = threading.Lock()
 
+    def waiting_for_active(self, pod, vifs):
+        """Queue the Event saying ``pod``'s plugged ``vifs`` wait to be active.
+
+        ``vifs``: ``{ifname: VIF dict}``. Never raises, never blocks.
+        """
+        self._queue_event(pod, REASON_WAITING, 'Normal',
+                          lambda: 'Waiting for %s.' % self._activation(pod, vifs))
+
     def vif_timeout(self, pod, vifs, seconds):
         """Queue the Event for ``pod`` (a :class:`~kuryr_cni.cni.request.PodRef`).
 
         ``vifs`` is what the registry held when the wait ended (None or
         ``{}``: none published). Never raises, never blocks.
         """
+        def message():
+            what = (self._activation(pod, vifs) if vifs else
+                    '%s %s' % (_PORTS[self.source] % pod.key, _NOT_PUBLISHED[self.source]))
+            return 'Timed out after %gs waiting for %s.' % (seconds, what)
+        reason = REASON_INACTIVE if vifs else REASON_NO_VIFS[self.source]
+        self._queue_event(pod, reason, 'Warning', message)
+
+    def _activation(self, pod, vifs):
+        return '%s %s%s' % (_PORTS[self.source] % pod.key, _ACTIVE[self.source],
+                            vif_model.inactive_note(vifs))
+
+    def _queue_event(self, pod, reason, event_type, message):
         try:
-            if vifs:
-                inactive = sorted(name for name, vif in vifs.items() if not vif.get('active'))
-                reason = REASON_INACTIVE
-                message = ('Timed out after %gs waiting for the ports of %s to become ACTIVE '
-                           '(inactive: %s)' % (seconds, pod.key, ', '.join(inactive) or 'none'))
-            else:
-                reason = REASON_NO_VIFS
-                message = ('Timed out after %gs waiting for the ports of %s to be published. '
-                           'Check kuryr-controller logs.' % (seconds, pod.key))
-            self.post(pod, reason, message)
+            self.post(pod, reason, message(), event_type)
         except Exception:    # an Event is never worth failing (or slowing) a request
             LOG.exception('Could not queue an Event for pod %s', pod.key)
 

@@ -5,13 +5,17 @@ A pod's :class:`kuryr_cni.records.Binding` (persisted per pod by
 record of every sandbox whose devices may still exist. Rules, all applied
 under the pod's flock (:mod:`kuryr_cni.podlock`):
 
-* ADD(B) waits (unlocked) until the watcher shows the pod's incarnation, then
-  records B as owner and persists that before anything is plugged; evicts every
-  other sandbox's devices (by their records, which stay persisted until the
-  devices are gone); waits (unlocked) for the VIFs; and, still owner, records
-  the attachment as ``plugging``, plugs, and records it ``ready``. A sandbox's
-  namespace is fixed by its first ADD: an ADD naming another one is refused
-  (code 4) and changes nothing.
+* ADD(B) waits (unlocked) until the watcher shows the pod's incarnation with
+  its VIFs, active or not; then, in one hold of the lock, records B as owner
+  and persists that before anything is plugged, evicts every other sandbox's
+  devices (by their records, which stay persisted until the devices are gone),
+  records the attachment as ``plugging``, plugs, and records it ``ready``; and
+  only then waits (unlocked) until every VIF is active, as upstream kuryr does:
+  Neutron marks a port ACTIVE only once it sees the host side just plugged. A
+  timeout leaves what was plugged recorded for the runtime's DEL; a DEL of B
+  while it waits unplugs it and fails the ADD. A sandbox's namespace is fixed
+  by its first ADD: an ADD naming another one is refused (code 4) and changes
+  nothing.
 * DEL(A) from the owner unplugs A and clears the binding. DEL(A) from anyone
   else touches nothing of the owner's: it removes only what is provably A's and
   is counted as a rejected stale DEL. An unknown A is a successful no-op.
@@ -21,6 +25,7 @@ This module decides; every effect on the kernel goes through the port it is
 given (:class:`kuryr_cni.kernel.Kernel` in the daemon).
 """
 
+import dataclasses
 import time
 
 from oslo_log import log as logging
@@ -60,43 +65,74 @@ class Ownership:
         try:
             wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
-            record = self._wait(pod, wait_until, 'the pod', lambda record: record)
-            # The VIFs are usually active by now: then claim, evict and plug under
-            # one hold of the lock, and the 'plugging' write persists the claim.
-            vifs = _vifs_ready(record)
-            with self.locks.hold(pod.key, deadline) as remove_lock:
-                binding = self._load(pod.key)
-                try:
-                    self._refuse_moved_sandbox(binding, req)
-                    free_names = self._refuse_foreign_ifname(binding, req)
-                except errors.CNIError:
-                    if not binding.sandboxes:
-                        remove_lock()   # a refused first ADD leaves no trace
-                    raise
-                # Persist the claim before evicting anyone (DESIGN §3); with
-                # nothing to evict, the 'plugging' write below persists it.
-                evicting = len(binding.sandboxes) > (req.container_id in binding.sandboxes)
-                self._claim(binding, req, save=vifs is None or evicting)
-                self._evict_others(binding, req.container_id)
-                if vifs is not None:
-                    metrics.vif_waited(time.monotonic() - started)
-                    try:
-                        return self._plug(binding, req, vifs, free_names)
-                    except errors.CNIError:
-                        if self.store.load(pod.key) is None:
-                            remove_lock()   # refused before anything was written
-                        raise
-            vifs = self._wait(pod, wait_until, 'its VIFs to be active', _vifs_ready)
-            metrics.vif_waited(time.monotonic() - started)
-            with self.locks.hold(pod.key, deadline):
-                binding = self._load(pod.key)
-                if binding.owner != req.container_id:
-                    raise errors.TryAgainLater(
-                        'sandbox %s was replaced by %s while waiting for VIFs'
-                        % (req.container_id, binding.owner))
-                return self._plug(binding, req, vifs)
+            vifs = self._wait(pod, wait_until, 'published', _vifs_published)
+            waited = time.monotonic() - started
+            result = self._claim_and_plug(req, vifs, deadline)
+            # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
+            # only once it sees the port's host side, which the plug just made.
+            if not _all_active(vifs):
+                started = time.monotonic()
+                self._wait_active(req, vifs, wait_until)
+                waited += time.monotonic() - started
+            metrics.vif_waited(waited)
+            return result
         finally:
             self.registry.status.add_finished(req.container_id)
+
+    def _claim_and_plug(self, req, vifs, deadline):
+        """Claim the pod for ``req``'s sandbox, evict the others and plug ``vifs``.
+
+        One hold of the pod's lock; the claim is persisted before anyone is
+        evicted (DESIGN §3). With nothing to evict, the 'plugging' write of
+        :meth:`_plug` persists it.
+        """
+        with self.locks.hold(req.pod.key, deadline) as remove_lock:
+            binding = self._load(req.pod.key)
+            try:
+                self._refuse_moved_sandbox(binding, req)
+                free_names = self._refuse_foreign_ifname(binding, req)
+            except errors.CNIError:
+                if not binding.sandboxes:
+                    remove_lock()   # a refused first ADD leaves no trace
+                raise
+            evicting = len(binding.sandboxes) > (req.container_id in binding.sandboxes)
+            self._claim(binding, req, save=evicting)
+            self._evict_others(binding, req.container_id)
+            try:
+                return self._plug(binding, req, vifs, free_names)
+            except errors.CNIError:
+                if self.store.load(req.pod.key) is None:
+                    remove_lock()   # refused before anything was written
+                raise
+
+    def _wait_active(self, req, plugged, deadline):
+        """Wait until every VIF plugged for ``req`` is active; unlocked.
+
+        What was plugged stays recorded whatever happens here, so the runtime's
+        DEL removes it. Fails at once when the sandbox stops owning the pod (a
+        DEL of it, or a newer sandbox) or when the VIFs change under it.
+        """
+        cid = req.container_id
+        if self.events is not None:
+            self.events.waiting_for_active(req.pod, {n: v.to_dict() for n, v in plugged.items()})
+
+        def active(record):
+            summary = self.registry.bindings.get(req.pod.key)
+            if summary is None or summary.owner != cid:
+                raise errors.TryAgainLater(
+                    'sandbox %s of pod %s was %s while waiting for its VIFs to be active'
+                    % (cid, req.pod.key, 'replaced by %s' % summary.owner
+                       if summary and summary.owner else 'deleted'))
+            vifs = _vifs_published(record)
+            if vifs is None or not _all_active(vifs):
+                return None
+            if {n: dataclasses.replace(v, active=True) for n, v in plugged.items()} != vifs:
+                raise errors.TryAgainLater('the VIFs of pod %s changed while waiting for them '
+                                           'to be active; retry to plug the new ones'
+                                           % req.pod.key)
+            return vifs
+
+        self._wait(req.pod, deadline, 'active', active)
 
     def _wait(self, pod, deadline, what, ready):
         """Poll the registry until ``pod``'s record satisfies ``ready``.
@@ -129,8 +165,9 @@ class Ownership:
                 if self.events is not None:
                     self.events.vif_timeout(pod, (record or {}).get('vifs'),
                                             round(time.monotonic() - started, 1))
-                raise errors.TryAgainLater('timed out waiting for %s of pod %s%s'
-                                           % (what, pod.key, _uid_note(pod)))
+                raise errors.TryAgainLater('timed out waiting for the VIFs of pod %s%s to be %s%s'
+                                           % (pod.key, _uid_note(pod), what,
+                                              vif_model.inactive_note((record or {}).get('vifs'))))
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
 
@@ -458,11 +495,16 @@ class Ownership:
             self.kernel.disconnect(interface.vif.kind, _plug_of(cid, sandbox_netns, interface))
 
 
-def _vifs_ready(record):
+def _vifs_published(record):
+    """The pod's VIFs once the record holds its primary interface's, active or not."""
     vifs = record.get('vifs') or {}
-    if PRIMARY_IFNAME in vifs and all(v['active'] for v in vifs.values()):
+    if PRIMARY_IFNAME in vifs:
         return {name: vif_model.VIF.from_dict(v) for name, v in vifs.items()}
     return None
+
+
+def _all_active(vifs):
+    return all(v.active for v in vifs.values())
 
 
 def _interfaces(vifs, cni_ifname):

@@ -67,6 +67,13 @@ class VIF:
         return cls(**d)
 
 
+def inactive_note(vifs):
+    """' (inactive: eth0 port 5d0b…)' for the inactive ones of ``vifs`` ({ifname: VIF dict})."""
+    inactive = ['%s port %s' % (name, vif.get('port_id'))
+                for name, vif in sorted((vifs or {}).items()) if not vif.get('active')]
+    return ' (inactive: %s)' % ', '.join(inactive) if inactive else ''
+
+
 _FIELDS = frozenset(f.name for f in dataclasses.fields(VIF))
 
 

@@ -187,6 +187,21 @@ def daemon(node, vif_timeout):
 
 
 @pytest.fixture
+def br_int(node):
+    """A private Open vSwitch in the node namespace, its ``br-int`` holding 10.20.0.1/24."""
+    from tools.testbed import host as testhost
+    from tools.testbed import ovs as testovs
+    reason = testovs.missing()
+    if reason:
+        pytest.skip(reason)
+    with testovs.PrivateOVS(node.ns) as switch:
+        switch.add_bridge('br-int')
+        testhost.ip('-n', node.ns, 'addr', 'add', '10.20.0.1/24', 'dev', 'br-int')
+        testhost.ip('-n', node.ns, 'link', 'set', 'br-int', 'up')
+        yield switch
+
+
+@pytest.fixture
 def runtime(node, tmp_path):
     from tools.testbed import runtime as testruntime
     return testruntime.Runtime(node.socket, node.state_dir, str(tmp_path / 'cni-cache'),

@@ -48,25 +48,35 @@ def binding(node, pod_key):
         return None
 
 
-def wait_for_owner(node, pod_key, container_id, timeout=20):
-    """Wait until the persisted binding names ``container_id`` as the owner.
+def add_in_background(pool, node, runtime, sandbox, published=True):
+    """Submit ``sandbox``'s ADD to ``pool`` and return its future once it waits.
 
-    The binding file is the daemon's observable state; there is no event to
-    subscribe to from outside.
+    ``published``: the pod's VIFs are published already (inactive), so the ADD
+    claims the pod, plugs, and waits for them to be active: return once its
+    plugged attachment is recorded. Otherwise return once the daemon serves
+    the ADD (it waits for the VIFs to be published, claiming nothing yet).
     """
-    def owned():
-        current = binding(node, pod_key)
-        return current if current and current.get('owner') == container_id else None
-    return wait.until(owned, timeout, '%s to become owner of %s' % (container_id, pod_key))
-
-
-def add_in_background(pool, node, runtime, sandbox):
-    """Submit ``sandbox``'s ADD to ``pool`` and return its future once the
-    sandbox owns its pod, i.e. the ADD has claimed it and waits for its VIFs."""
     future = pool.submit(runtime.add, sandbox)
-    wait_for_owner(node, '%s/%s' % (sandbox.pod_namespace, sandbox.pod_name),
-                   sandbox.container_id)
+    if published:
+        wait_for_plugged(node, '%s/%s' % (sandbox.pod_namespace, sandbox.pod_name),
+                         sandbox.container_id)
+    else:
+        wait.until(lambda: metric(node, 'kuryr_cni_requests_in_flight') >= 1, 20,
+                   'the ADD of %s to reach the daemon' % sandbox.container_id)
     return future
+
+
+def wait_for_plugged(node, pod_key, container_id, timeout=20):
+    """Wait until ``container_id`` owns the pod and its attachments are recorded plugged."""
+    def plugged():
+        current = binding(node, pod_key)
+        if not current or current.get('owner') != container_id:
+            return None
+        attachments = current['sandboxes'][container_id]['attachments'].values()
+        return current if attachments and all(a['state'] == 'ready' for a in attachments) \
+            else None
+    return wait.until(plugged, timeout,
+                      '%s to own and have plugged %s' % (container_id, pod_key))
 
 
 def leftovers(node):

@@ -12,7 +12,6 @@ import concurrent.futures
 import pytest
 
 from tools.testbed import host as testhost
-from tools.testbed import ovs as testovs
 from tools.testbed import runtime as testruntime
 from tests import wait
 from tests.functional import conftest
@@ -79,7 +78,7 @@ def test_add_waits_for_the_kuryrport_and_its_activation(source, runtime):
     node.api.create_pod('default', POD, testhost.NODE, uid=UID)
     sandbox = _sandbox(node)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = helpers.add_in_background(pool, node, runtime, sandbox)
+        add = helpers.add_in_background(pool, node, runtime, sandbox, published=False)
         _kuryrport(node)                                  # created, no VIFs yet
         node.api.update_kuryrport('default', POD, status=bridge_status(active=False))
         assert not add.done()
@@ -118,7 +117,7 @@ def test_pod_deleted_before_its_kuryrport_fails_fast(source, runtime):
     node.api.create_pod('default', POD, testhost.NODE, uid=UID)
     sandbox = _sandbox(node)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = helpers.add_in_background(pool, node, runtime, sandbox)
+        add = helpers.add_in_background(pool, node, runtime, sandbox, published=False)
         node.api.delete_pod('default', POD)
         outcome = add.result(timeout=30)
     # Not the VIF timeout's "timed out waiting": the deletion itself ended the wait.
@@ -144,32 +143,27 @@ def test_timeouts_become_events_on_the_pod(source, runtime):
     outcome = runtime.add(_sandbox(node, 'B'))
     assert outcome.error_code == 11
     [event] = _wait_for_event(node, 'CNITimedOutWaitingForActiveVIFs')
-    assert 'to become ACTIVE (inactive: eth0)' in event['message']
+    assert 'to become ACTIVE after binding (inactive: eth0 port %s)' % fx.PORT_ID \
+        in event['message']
 
 
 @pytest.mark.parametrize('vif_timeout', [10])
-def test_open_vswitch_vif_from_a_kuryrport(node, vif_timeout, runtime):
-    reason = testovs.missing()
-    if reason:
-        pytest.skip(reason)
-    with testovs.PrivateOVS(node.ns) as switch:
-        switch.add_bridge('br-int')
-        testhost.ip('-n', node.ns, 'addr', 'add', '10.20.0.1/24', 'dev', 'br-int')
-        testhost.ip('-n', node.ns, 'link', 'set', 'br-int', 'up')
-        node.start_daemon(workers=2, vif_timeout=vif_timeout, extra=KURYRPORT_SOURCE + (
-            '\n[binding]\novsdb_connection = %s\n' % switch.connection))
-        try:
-            status = {'vifs': fx.status_vifs(fx.ovs_vif(network=network('10.20.0', 'fd20::')))}
-            _kuryrport(node, status)
-            sandbox = _sandbox(node)
-            outcome = runtime.add(sandbox)
-            assert outcome.ok, outcome
-            [port] = switch.ports('br-int')
-            ids = dict(switch.interface(port)['external_ids'][1])
-            assert ids['iface-id'] == fx.PORT_ID and ids['attached-mac'] == MAC
-            assert ids['container-id'] == sandbox.container_id
-            assert node.ping(sandbox.netns, '10.20.0.1')
-            assert runtime.delete(sandbox).ok
-            assert switch.ports('br-int') == set()
-        finally:
-            node.stop_daemon()
+def test_open_vswitch_vif_from_a_kuryrport(node, vif_timeout, br_int, runtime):
+    switch = br_int
+    node.start_daemon(workers=2, vif_timeout=vif_timeout, extra=KURYRPORT_SOURCE + (
+        '\n[binding]\novsdb_connection = %s\n' % switch.connection))
+    try:
+        status = {'vifs': fx.status_vifs(fx.ovs_vif(network=network('10.20.0', 'fd20::')))}
+        _kuryrport(node, status)
+        sandbox = _sandbox(node)
+        outcome = runtime.add(sandbox)
+        assert outcome.ok, outcome
+        [port] = switch.ports('br-int')
+        ids = dict(switch.interface(port)['external_ids'][1])
+        assert ids['iface-id'] == fx.PORT_ID and ids['attached-mac'] == MAC
+        assert ids['container-id'] == sandbox.container_id
+        assert node.ping(sandbox.netns, '10.20.0.1')
+        assert runtime.delete(sandbox).ok
+        assert switch.ports('br-int') == set()
+    finally:
+        node.stop_daemon()

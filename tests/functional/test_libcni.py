@@ -19,6 +19,7 @@ import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from tools.testbed import host as testhost
 
@@ -173,3 +174,66 @@ def test_libcni_add_check_del(world, client, recorder, tmp_path, version):
             assert runtime.check(sandbox).ok
     assert runtime.delete(sandbox).ok and runtime.delete(sandbox).ok
     assert recorded(records) == by_libcni
+
+
+# The shipped network configuration, as installed ------------------------------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def shipped_conflist(where):
+    """The conflist text an operator installs: the file, or the DaemonSet's ConfigMap entry."""
+    if where == 'etc/cni':
+        with open(os.path.join(REPO, 'etc/cni/10-kuryr.conflist')) as f:
+            return f.read()
+    with open(os.path.join(REPO, 'etc/kubernetes/kuryr-cni-daemonset.yaml')) as f:
+        [config_map] = [d for d in yaml.safe_load_all(f) if d and d['kind'] == 'ConfigMap']
+    return config_map['data']['10-kuryr.conflist']
+
+
+def installed(text, world, tmp_path, version=None):
+    """Write ``text`` as installed on the test node: only its socket and state paths differ."""
+    conf = json.loads(text)
+    [plugin] = conf['plugins']
+    plugin.update(daemon_socket=world.host.socket, state_dir=world.host.state_dir)
+    if version:
+        conf['cniVersion'] = version
+    path = tmp_path / 'installed.conflist'
+    path.write_text(json.dumps(conf))
+    return str(path)
+
+
+@pytest.fixture
+def plugin_dir(tmp_path, shim_binary):
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    (bin_dir / 'kuryr-cni').symlink_to(shim_binary)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize('where', ['etc/cni', 'daemonset'])
+def test_the_shipped_conflist_runs_on_this_libcni(world, client, plugin_dir, tmp_path, where):
+    conflist = installed(shipped_conflist(where), world, tmp_path)
+    cache = str(tmp_path / 'libcni-cache')
+    sandbox, index = world.pod(world.runtime('1.0.0'))
+    added = run(client, 'add', conflist, plugin_dir, cache, sandbox)
+    assert 'error' not in added, added
+    assert added['result']['cniVersion'] in libcni_versions()
+    assert [ip['address'] for ip in added['result']['ips']] == [cni_world.address(index)]
+    assert world.host.ping(sandbox.netns, testhost.GATEWAY)
+    assert run(client, 'check', conflist, plugin_dir, cache, sandbox) == {}
+    assert run(client, 'del', conflist, plugin_dir, cache, sandbox) == {}
+    assert 'eth0' not in world.host.links(sandbox.netns)
+
+
+def test_a_conflist_asking_for_a_result_this_libcni_cannot_read_fails(
+        world, client, plugin_dir, tmp_path):
+    """What the shipped conflist avoids: libcni 1.1.x cannot parse a 1.1.0 result."""
+    if '1.1.0' in libcni_versions():
+        pytest.skip('this libcni reads 1.1.0 results')
+    conflist = installed(shipped_conflist('etc/cni'), world, tmp_path, version='1.1.0')
+    cache = str(tmp_path / 'libcni-cache')
+    sandbox, _ = world.pod(world.runtime('1.0.0'))
+    added = run(client, 'add', conflist, plugin_dir, cache, sandbox)
+    assert 'unsupported CNI result version "1.1.0"' in added.get('error', ''), added
+    assert run(client, 'del', conflist, plugin_dir, cache, sandbox) == {}

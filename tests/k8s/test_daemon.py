@@ -75,7 +75,7 @@ def test_the_kuryrport_source_with_the_shipped_crd(cluster, node, runtime):
     active = fx.status_vifs(fx.bridge_vif(active=True, bridge_name=testhost.BRIDGE,
                                           network=network))
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        add = helpers.add_in_background(pool, node, runtime, box)
+        add = helpers.add_in_background(pool, node, runtime, box, published=False)
         cluster.create_kuryrport('default', 'kp-1', node.name, uid, inactive)
         cluster.update_kuryrport_vifs('default', 'kp-1', active)
         outcome = add.result(timeout=60)

@@ -671,7 +671,7 @@ def test_post_config_writes_the_conflist(host):
     conflist = host.cni_conf_dir / '00-kuryr.conflist'
     data = json.loads(conflist.read_text())
     assert data == {
-        'cniVersion': '1.1.0',
+        'cniVersion': '1.0.0',
         'name': 'kuryr',
         'plugins': [{
             'type': 'kuryr-cni',

@@ -31,8 +31,9 @@ def test_no_vifs_event_lands_on_the_pod(server):
     assert event['metadata']['namespace'] == 'default'
     assert event['metadata']['name'].startswith('web-0.')
     assert event['source'] == {'component': 'kuryr-daemon', 'host': 'node-1'}
-    assert 'Timed out after 20s waiting for the ports of default/web-0 to be published' \
-        in event['message']
+    assert event['message'] == ('Timed out after 20s waiting for the Neutron ports of '
+                                'default/web-0 to be published in its KuryrPort. Check '
+                                'kuryr-controller logs.')
     assert event['count'] == 1 and event['firstTimestamp'] == event['lastTimestamp']
     posts = [r for r in server.requests() if r.method == 'POST']
     assert [r.path for r in posts] == ['/api/v1/namespaces/default/events']
@@ -40,11 +41,45 @@ def test_no_vifs_event_lands_on_the_pod(server):
 
 def test_inactive_vifs_event_names_them(server):
     poster = poster_for(server.url)
-    poster.vif_timeout(POD, {'eth0': {'active': True}, 'eth1': {'active': False}}, 5)
+    poster.vif_timeout(POD, {'eth0': {'active': True, 'port_id': 'p0'},
+                             'eth1': {'active': False, 'port_id': 'p1'}}, 5)
     assert poster.drain(10)
     [event] = server.events()
     assert event['reason'] == 'CNITimedOutWaitingForActiveVIFs'
-    assert event['message'].endswith('to become ACTIVE (inactive: eth1)')
+    assert event['message'] == ('Timed out after 5s waiting for the Neutron ports of '
+                                'default/web-0 to become ACTIVE after binding '
+                                '(inactive: eth1 port p1).')
+
+
+def test_waiting_for_active_is_a_normal_event_naming_the_inactive_ports(server):
+    poster = poster_for(server.url)
+    poster.waiting_for_active(POD, {'eth0': {'active': False, 'port_id': 'p0'}})
+    assert poster.drain(10)
+    [event] = server.events()
+    assert (event['reason'], event['type']) == ('CNIWaitingForActiveVIFs', 'Normal')
+    assert event['message'] == ('Waiting for the Neutron ports of default/web-0 to become '
+                                'ACTIVE after binding (inactive: eth0 port p0).')
+
+
+def test_the_annotation_source_speaks_of_its_annotation_not_of_kuryr_controller(server):
+    poster = poster_for(server.url, source='annotation')
+    poster.vif_timeout(POD, {}, 3)
+    poster.waiting_for_active(POD, {'eth0': {'active': False, 'port_id': 'p0'}})
+    poster.vif_timeout(POD, {'eth0': {'active': False, 'port_id': 'p0'}}, 4)
+    assert poster.drain(10)
+    published, waiting, inactive = server.events()
+    assert published['reason'] == 'CNITimedOutWaitingForVIFAnnotation'
+    assert published['message'] == ('Timed out after 3s waiting for the VIFs of default/web-0 '
+                                    'to be published in its kuryr.openstack.org/vifs '
+                                    'annotation.')
+    assert waiting['reason'] == 'CNIWaitingForActiveVIFs'
+    assert inactive['reason'] == 'CNITimedOutWaitingForActiveVIFs'
+    assert inactive['message'] == ('Timed out after 4s waiting for the VIFs of default/web-0 to '
+                                   'be marked active in its kuryr.openstack.org/vifs annotation '
+                                   '(inactive: eth0 port p0).')
+    for event in (published, waiting, inactive):
+        assert 'KuryrPort' not in event['message'] and 'kuryr-controller' not in event['message']
+        assert 'Neutron' not in event['message']
 
 
 def test_pod_without_uid_is_still_named():
