@@ -62,6 +62,7 @@ class Controller:
         self.node = node
         self.ports = {}             # pod uid -> Port, while the pod exists
         self.activations = []       # (Port) in the order marked active
+        self.errors = []            # what went wrong in a scan, for a failing test to show
         self._held = set()          # (namespace, name)
         self._next = FIRST
         self._lock = threading.Lock()
@@ -106,12 +107,12 @@ class Controller:
         selector = 'spec.nodeName=' + self.node.name
         version = None
         while not self._stop.is_set():
-            if version is None:
-                listed = api.list_pod_for_all_namespaces(field_selector=selector)
-                for pod in listed.items:
-                    self._ensure_port(api.api_client.sanitize_for_serialization(pod))
-                version = listed.metadata.resource_version
             try:
+                if version is None:
+                    listed = api.list_pod_for_all_namespaces(field_selector=selector)
+                    for pod in listed.items:
+                        self._ensure_port(api.api_client.sanitize_for_serialization(pod))
+                    version = listed.metadata.resource_version
                 for event in watch.Watch().stream(
                         api.list_pod_for_all_namespaces, field_selector=selector,
                         resource_version=version, timeout_seconds=WATCH_SECONDS):
@@ -123,10 +124,10 @@ class Controller:
                         self._ensure_port(pod)
                     if self._stop.is_set():
                         return
-            except client.exceptions.ApiException as exc:
-                if exc.status != 410:
-                    raise
-                version = None          # expired: list again
+            except Exception as exc:    # expired (410), or the server went: list again
+                self.errors.append(repr(exc))
+                version = None
+                self._stop.wait(INTERVAL)
 
     def _ensure_port(self, pod):
         meta = pod['metadata']
@@ -180,10 +181,13 @@ class Controller:
                 if not waiting:
                     self._wanted.wait(1)
                     continue
-            plugged = self._host_sides({port.mac for port in waiting})
-            for port in waiting:
-                if port.mac in plugged:
-                    self._activate(port)
+            try:
+                plugged = self._host_sides({port.mac for port in waiting})
+                for port in waiting:
+                    if port.mac in plugged:
+                        self._activate(port)
+            except Exception as exc:    # the node changing under the scan: next turn
+                self.errors.append(repr(exc))
             self._stop.wait(INTERVAL)
 
     def _activate(self, port):
@@ -207,7 +211,7 @@ class Controller:
             if known:
                 found |= known & macs
                 continue
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(Exception):    # a namespace removed meanwhile
                 with netns.iproute(path) as ipr:
                     ends = {link.get('address'): link.get('link') for link in ipr.get_links()
                             if link.get('address') in macs}
