@@ -1,5 +1,6 @@
 """The daemon and kubelet restarted, or the daemon killed, while pods run and go."""
 
+import json
 import os
 import signal
 
@@ -23,6 +24,7 @@ def test_the_daemon_restarted_while_pods_run(node, controller, pods):
 
 def test_the_daemon_killed_while_kubelet_deletes_a_pod(node, controller, pods):
     running = pods.wait_running([pods.create(n)['metadata']['name'] for n in ('k-1', 'k-2')])
+    sandbox = node.sandbox_id(running['k-1'])
     os.killpg(node.daemon.pid, signal.SIGKILL)
     node.daemon.wait(30)
     pods.delete('k-1')
@@ -31,6 +33,15 @@ def test_the_daemon_killed_while_kubelet_deletes_a_pod(node, controller, pods):
     # answered success, so kubelet let the pod go.
     queued = node.queued_dels()
     assert queued
+    # What kubelet and containerd sent, as the shim kept it: DELs of k-1's sandbox, each
+    # naming the pod and its UID.
+    for name in queued:
+        with open(os.path.join(node.state_dir, 'del-queue', name)) as f:
+            sent = json.load(f)
+        assert (sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) == ('DEL', sandbox)
+        assert dict(pair.split('=', 1) for pair in sent['CNI_ARGS'].split(';')) == {
+            'IgnoreUnknown': '1', 'K8S_POD_NAMESPACE': 'default', 'K8S_POD_NAME': 'k-1',
+            'K8S_POD_INFRA_CONTAINER_ID': sandbox, 'K8S_POD_UID': running['k-1']['metadata']['uid']}
     assert_connected(node, controller, running['k-2'])
 
     node.start_daemon()
