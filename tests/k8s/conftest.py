@@ -26,14 +26,6 @@ from tools.testbed import runtime as testruntime
 SESSION_PREFIX = 'kc-k%d' % os.getpid()
 
 
-def _unavailable():
-    reason = k8s.missing()
-    if reason and os.environ.get('CI') == 'true':
-        pytest.fail('the k8s tier cannot run in CI: %s' % reason, pytrace=False)
-    if reason:
-        pytest.skip(reason)
-
-
 @pytest.fixture(scope='session', autouse=True)
 def root_netns_untouched():
     """Fail the session if the machine's namespace changed or a namespace of ours leaked."""
@@ -57,14 +49,9 @@ def _root_links():
 
 @pytest.fixture(scope='session')
 def cluster():
-    _unavailable()
-    server = k8s.Cluster(SESSION_PREFIX)
-    try:
-        server.apply_daemonset_rbac()
-        server.install_kuryrport_crd()
+    k8s.require(k8s.missing(), 'k8s')
+    with k8s.serving(SESSION_PREFIX) as server:
         yield server
-    finally:
-        server.close()
 
 
 class Node(testhost.Host):

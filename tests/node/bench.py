@@ -33,7 +33,6 @@ from kubernetes import client
 from kubernetes import watch
 
 from tests.k8s import cluster as k8s
-from tests.node import conftest
 from tests.node import controller as kcontroller
 from tests.node import kubenode
 
@@ -157,8 +156,7 @@ def main(argv=None):
     try:
         cluster.apply_daemonset_rbac()
         cluster.install_kuryrport_crd()
-        node = kubenode.KubeNode(cluster, 'kc-nb%d' % os.getpid(), conftest.NODE_NAME,
-                                 conftest.KUBELET_FLAGS)
+        node = kubenode.KubeNode(cluster, 'kc-nb%d' % os.getpid())
         for plugin in ('bridge', 'host-local'):
             shutil.copy('/usr/lib/cni/' + plugin, os.path.join(node.dir, 'cni', 'bin'))
         node.start_daemon()

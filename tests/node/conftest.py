@@ -26,34 +26,18 @@ from tests.node import controller as kcontroller
 from tests.node import kubenode
 
 SESSION_PREFIX = 'kc-n%d' % os.getpid()
-NODE_NAME = 'kuryr-node-1'
-KUBELET_FLAGS = ('--kube-api-qps=100', '--kube-api-burst=200', '--event-qps=100',
-                 '--event-burst=200')
-
-
-def _unavailable():
-    reason = kubenode.missing()
-    if reason and os.environ.get('CI') == 'true':
-        pytest.fail('the node tier cannot run in CI: %s' % reason, pytrace=False)
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture(scope='session')
 def cluster():
-    _unavailable()
-    server = k8s.Cluster(SESSION_PREFIX)
-    try:
-        server.apply_daemonset_rbac()
-        server.install_kuryrport_crd()
+    k8s.require(kubenode.missing(), 'node')
+    with k8s.serving(SESSION_PREFIX) as server:
         yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope='session')
 def node(cluster):
-    kube_node = kubenode.KubeNode(cluster, SESSION_PREFIX, NODE_NAME, KUBELET_FLAGS)
+    kube_node = kubenode.KubeNode(cluster, SESSION_PREFIX)
     try:
         kube_node.start_daemon()
         kube_node.wait_ready_node()

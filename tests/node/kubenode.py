@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 
 from tools.testbed import host as testhost
@@ -42,6 +41,11 @@ NODE_BINARIES = ('kubelet', 'containerd', 'containerd-shim-runc-v2', 'ctr', 'run
 BUSYBOX = 'localhost/kuryr-node-busybox:1'
 SERVICE_ACCOUNT = 'secrets/kubernetes.io/serviceaccount'     # under /run (= /var/run)
 HEALTH_PORT = 8090
+NODE_NAME = 'kuryr-node-1'
+# kubelet's own API rate limit raised: at its default of 5 requests a second, the status
+# updates of a burst of pods queue for many seconds whatever the CNI plugin does.
+KUBELET_FLAGS = ('--kube-api-qps=100', '--kube-api-burst=200', '--event-qps=100',
+                 '--event-burst=200')
 NOTHING = dict(helpers.NOTHING, queued=[])
 
 
@@ -70,7 +74,7 @@ def shipped_config():
 class KubeNode(testhost.Host):
     """kubelet + containerd + the daemon in a namespace of their own, named :attr:`name`."""
 
-    def __init__(self, cluster, prefix, name, kubelet_flags=()):
+    def __init__(self, cluster, prefix, name=NODE_NAME, kubelet_flags=KUBELET_FLAGS):
         super().__init__(prefix=prefix)
         self.cluster = cluster
         self.name = name
@@ -177,12 +181,6 @@ class KubeNode(testhost.Host):
                 return self.http_get(HEALTH_PORT, '/ready', timeout=2)[0] == 200
             return False
         wait.until(ready, timeout, 'the daemon to be ready', interval=0.1)
-
-    def stop_daemon(self, sig=signal.SIGTERM, timeout=120):
-        if self.daemon is None or self.daemon.poll() is not None:
-            return self.daemon.returncode if self.daemon else None
-        os.kill(self.daemon.pid, sig)
-        return self.daemon.wait(timeout)
 
     def daemon_log(self):
         with open(self.daemon_log_path, errors='replace') as f:
