@@ -48,8 +48,8 @@ function kuryr_cni_daemon_bin {
 function kuryr_cni_local_url {
     local host=$1
     case "$host" in
-        ''|0.0.0.0) host=127.0.0.1 ;;
-        ::|'[::]') host='[::1]' ;;
+        # The daemon's "::" serves IPv4 too, and is 0.0.0.0 where IPv6 is off.
+        ''|0.0.0.0|::|'[::]') host=127.0.0.1 ;;
         \[*) ;;
         *:*) host="[$host]" ;;
     esac
@@ -284,6 +284,8 @@ function kuryr_cni_smoke_test {
     local timeout=${KURYR_CNI_SMOKE_TIMEOUT}s
     local sandbox adds
 
+    [[ "$KURYR_CNI_VIF_SOURCE" == annotation ]] || die $LINENO \
+        "The smoke test's pod carries its VIF in its annotation: set KURYR_CNI_VIF_SOURCE=annotation"
     check_kuryr_cni_conflist_first
     kubectl wait --for=condition=Ready "node/$KURYR_CNI_NODE_NAME" --timeout="$timeout" || \
         die $LINENO "Node $KURYR_CNI_NODE_NAME not Ready after $timeout"

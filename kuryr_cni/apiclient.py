@@ -24,14 +24,23 @@ LOG = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 500             # of an API error's message, in the logs
 
 
+def from_options(k8s):
+    """:func:`make_api_client` from the ``[kubernetes]`` option group ``k8s``."""
+    return make_api_client(api_root=k8s.api_root, kubeconfig=k8s.kubeconfig,
+                           token_file=k8s.token_file, ca_file=k8s.ca_file,
+                           verify_ssl=k8s.verify_server_cert, cert_file=k8s.client_cert_file,
+                           key_file=k8s.client_key_file)
+
+
 def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=None,
-                    verify_ssl=True):
+                    verify_ssl=True, cert_file=None, key_file=None):
     """Return a ``kubernetes.client.ApiClient``.
 
-    ``api_root`` (with an optional bearer ``token_file`` and ``ca_file``) wins;
-    else ``kubeconfig``; else the in-cluster service account. Raises
-    ``kubernetes.config.ConfigException`` or ``OSError`` when the chosen source
-    is unusable.
+    ``api_root`` (with an optional bearer ``token_file``, ``ca_file`` and
+    client certificate) wins; else ``kubeconfig``; else the in-cluster service
+    account. Empty strings count as unset, as in kuryr-kubernetes' files.
+    Raises ``kubernetes.config.ConfigException`` or ``OSError`` when the
+    chosen source is unusable.
     """
     configuration = _Configuration()
     if api_root:
@@ -39,6 +48,9 @@ def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=Non
         configuration.verify_ssl = verify_ssl
         if ca_file:
             configuration.ssl_ca_cert = ca_file
+        if cert_file:
+            configuration.cert_file = cert_file
+            configuration.key_file = key_file or None
         if token_file:
             _use_token_file(configuration, token_file)
         source = 'api_root'

@@ -18,22 +18,27 @@ import os
 import re
 import socket
 import sys
+import typing
 
 from oslo_config import cfg
 from oslo_log import log as logging
 
+from kuryr_cni import kuryrconf
 from kuryr_cni import version
 
 cni_daemon_opts = [
-    cfg.StrOpt('node_name', default=socket.gethostname(), sample_default='<hostname>',
+    cfg.StrOpt('node_name', sample_default='<KUBERNETES_NODE_NAME, else the host name>',
                help='Name of this node as Kubernetes knows it; only pods with '
-                    'spec.nodeName equal to it are watched.'),
+                    'spec.nodeName equal to it are watched. Unset, it is the '
+                    'environment\'s KUBERNETES_NODE_NAME (as kuryr-kubernetes\' '
+                    'DaemonSet passes it), else the host name in lower case (as '
+                    'kubelet names the node).'),
     cfg.StrOpt('socket', default='/run/kuryr-cni/daemon.sock',
                help='Unix socket the CNI shim talks to, the only way into the '
                     'daemon\'s CNI API. Its directory is created 0700 and the '
                     'socket 0600; both must belong to root, and a connection '
                     'from any other uid is closed unanswered.'),
-    cfg.IntOpt('worker_count', default=4, min=1, max=64,
+    cfg.IntOpt('worker_count', default=4, min=1, max=64, deprecated_name='worker_num',
                help='Number of pre-forked CNI worker processes.'),
     cfg.IntOpt('worker_concurrency', default=32, min=1, max=1024,
                help='Requests one worker serves at once (its request threads). '
@@ -49,6 +54,7 @@ cni_daemon_opts = [
                     '("CNI socket saturated"). Each connection takes a file '
                     'descriptor of the worker.'),
     cfg.IntOpt('vif_timeout', default=60, min=1, max=600,
+               deprecated_name='vif_annotation_timeout',
                help='Seconds an ADD waits for its pod and every VIF of it to be '
                     'present and active before failing with CNI code 11.'),
     cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
@@ -66,9 +72,12 @@ cni_daemon_opts = [
     cfg.StrOpt('state_dir', default='/var/lib/kuryr-cni',
                help='Where pod bindings, per-pod lock files and the shim\'s DEL '
                     'queue live. Must match the CNI config\'s "state_dir".'),
-    cfg.StrOpt('vif_source', default='annotation', choices=['annotation', 'kuryrport'],
-               help='Where pod VIFs come from: the kuryr.openstack.org/vifs pod '
-                    'annotation, or KuryrPort custom resources.'),
+    cfg.StrOpt('vif_source', default='kuryrport', choices=[
+        ('kuryrport', 'KuryrPort custom resources, as kuryr-controller writes them'),
+        ('annotation', 'the kuryr.openstack.org/vifs pod annotation, for clusters '
+                       'without kuryr-controller: whoever may edit a pod\'s annotations '
+                       'chooses its network (see the security guide)')],
+               help='Where pod VIFs come from.'),
 ]
 
 kubernetes_opts = [
@@ -77,7 +86,16 @@ kubernetes_opts = [
                     'this nor kubeconfig is set, in-cluster configuration is used.'),
     cfg.StrOpt('kubeconfig', default=None, help='Path of a kubeconfig file.'),
     cfg.StrOpt('token_file', default=None, help='File holding the bearer token.'),
-    cfg.StrOpt('ca_file', default=None, help='CA bundle to verify the API server.'),
+    cfg.StrOpt('ca_file', default=None, deprecated_name='ssl_ca_crt_file',
+               help='CA bundle to verify the API server at api_root.'),
+    cfg.BoolOpt('verify_server_cert', default=True, deprecated_name='ssl_verify_server_crt',
+                help='Verify the certificate of the API server at api_root. '
+                     'kuryr-kubernetes\' ssl_verify_server_crt defaults to false; '
+                     'this does not.'),
+    cfg.StrOpt('client_cert_file', default=None, deprecated_name='ssl_client_crt_file',
+               help='Client certificate presented to the API server at api_root.'),
+    cfg.StrOpt('client_key_file', default=None, deprecated_name='ssl_client_key_file',
+               help='Key of client_cert_file.'),
     cfg.IntOpt('watch_timeout', default=300, min=10, max=3600,
                help='Seconds after which the API server ends a watch, which is '
                     'then resumed from the last resourceVersion.'),
@@ -85,6 +103,7 @@ kubernetes_opts = [
 
 binding_opts = [
     cfg.StrOpt('ovsdb_connection', default='unix:/run/openvswitch/db.sock',
+               deprecated_opts=[cfg.DeprecatedOpt('ovsdb_connection', group='os_vif_ovs')],
                help='OVSDB server connection used by the ovs binding.'),
     cfg.StrOpt('link_iface', default=None,
                help='Default parent interface of vlan and macvlan VIFs that name none.'),
@@ -99,9 +118,14 @@ binding_opts = [
              'for an address only IPv6 link-local traffic between pods uses.'),
 ]
 
+_ANY_HOST = ('The default, ::, serves IPv6 and IPv4 alike; where IPv6 is off '
+             'it falls back to 0.0.0.0.')
+
 health_opts = [
-    cfg.HostAddressOpt('host', default='0.0.0.0', help='Address of /alive and /ready.'),
-    cfg.PortOpt('port', default=8090, help='Port of /alive and /ready.'),
+    cfg.HostAddressOpt('host', default='::', help='Address of /alive and /ready. ' + _ANY_HOST),
+    cfg.PortOpt('port', default=8090,
+                deprecated_opts=[cfg.DeprecatedOpt('port', group='cni_health_server')],
+                help='Port of /alive and /ready.'),
     cfg.IntOpt('heartbeat_timeout', default=30, min=2, max=600,
                help='Seconds without a heartbeat from a CNI worker\'s accept loop or '
                     'from the watcher process after which it counts as stuck: with '
@@ -110,8 +134,11 @@ health_opts = [
 ]
 
 prometheus_opts = [
-    cfg.HostAddressOpt('host', default='0.0.0.0', help='Address of /metrics.'),
-    cfg.PortOpt('port', default=9655, help='Port of /metrics.'),
+    cfg.HostAddressOpt('host', default='::', help='Address of /metrics. ' + _ANY_HOST),
+    cfg.PortOpt('port', default=9655,
+                deprecated_opts=[cfg.DeprecatedOpt('cni_exporter_port',
+                                                   group='prometheus_exporter')],
+                help='Port of /metrics.'),
 ]
 
 _GROUPS = (
@@ -132,11 +159,23 @@ def register(conf):
     logging.register_options(conf)
     for group, opts in _GROUPS:
         conf.register_opts(opts, group=group)
+    # Read at registration, not at import: the environment is the process's.
+    conf.set_default('node_name', default_node_name(), group='cni_daemon')
     return conf
+
+
+def default_node_name():
+    """KUBERNETES_NODE_NAME, as kuryr-kubernetes' image reads it, else the lowercased host name."""
+    return os.environ.get('KUBERNETES_NODE_NAME') or socket.gethostname().lower()
 
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the file, option and problem."""
+
+
+def _unset_or_file(path):
+    # kuryr-kubernetes' DevStack plugin writes `token_file = ""` to mean "none".
+    return path == '' or os.path.isfile(path)
 
 
 # What oslo.config's types cannot express: (group, option) -> (check, problem).
@@ -144,9 +183,11 @@ _SEMANTICS = {
     ('cni_daemon', 'node_name'): (bool, 'must not be empty'),
     ('cni_daemon', 'socket'): (os.path.isabs, 'must be an absolute path'),
     ('cni_daemon', 'state_dir'): (os.path.isabs, 'must be an absolute path'),
-    ('kubernetes', 'kubeconfig'): (os.path.isfile, 'no such file'),
-    ('kubernetes', 'token_file'): (os.path.isfile, 'no such file'),
-    ('kubernetes', 'ca_file'): (os.path.isfile, 'no such file'),
+    ('kubernetes', 'kubeconfig'): (_unset_or_file, 'no such file'),
+    ('kubernetes', 'token_file'): (_unset_or_file, 'no such file'),
+    ('kubernetes', 'ca_file'): (_unset_or_file, 'no such file'),
+    ('kubernetes', 'client_cert_file'): (_unset_or_file, 'no such file'),
+    ('kubernetes', 'client_key_file'): (_unset_or_file, 'no such file'),
 }
 
 
@@ -194,23 +235,57 @@ def _files_named_in(argv):
     return ', '.join(known.config_file) or 'the configuration file'
 
 
+class Note(typing.NamedTuple):
+    """Something the operator should read once logging is set up: level and message."""
+
+    level: int
+    message: str
+
+
 def validate(conf):
     """Raise :class:`ConfigError` for the first problem of a loaded configuration.
 
     Unknown groups and options in the files (a typo would otherwise leave an
     option silently at its default), values their option refuses, and the
-    checks of ``_SEMANTICS``; nothing is created or changed.
+    checks of ``_SEMANTICS``; nothing is created or changed. Returns the
+    :class:`Note` list of what was read under kuryr-kubernetes' names or
+    ignored as theirs (:mod:`kuryr_cni.kuryrconf`), for the caller to log.
     """
-    where = _check_names(conf)
-    for group, name in _every_option(conf):
-        try:
-            value = conf[name] if group == 'DEFAULT' else conf[group][name]
-        except cfg.ConfigSourceValueError as exc:
-            problem = str(exc).rpartition(' is not valid: ')[2]
-            raise ConfigError(_line(where, group, name, problem)) from None
-        check, problem = _SEMANTICS.get((group, name), (None, None))
-        if check and value is not None and not check(value):
-            raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
+    where, notes = _check_names(conf)
+    # oslo.config would report each deprecated name once, before logging is set up.
+    with _quiet_deprecations():
+        for group, name in _every_option(conf):
+            try:
+                value = conf[name] if group == 'DEFAULT' else conf[group][name]
+            except cfg.ConfigSourceValueError as exc:
+                problem = str(exc).rpartition(' is not valid: ')[2]
+                raise ConfigError(_line(where, group, name, problem)) from None
+            check, problem = _SEMANTICS.get((group, name), (None, None))
+            if check and value is not None and not check(value):
+                raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
+        if conf.kubernetes.api_root and not conf.kubernetes.verify_server_cert:
+            notes.append(Note(logging.WARNING, 'The API server\'s certificate is not '
+                              'verified ([kubernetes] verify_server_cert is false)'))
+    return notes
+
+
+@contextlib.contextmanager
+def _quiet_deprecations():
+    """Hold back oslo.config's own report of each deprecated name read.
+
+    It would reach stderr before logging is set up; the notes of
+    :func:`_check_names` say the same in the daemon's log.
+    """
+    oslo_config_log = cfg.LOG
+    oslo_config_log.addFilter(_drop)
+    try:
+        yield
+    finally:
+        oslo_config_log.removeFilter(_drop)
+
+
+def _drop(record):
+    return False
 
 
 def _every_option(conf):
@@ -221,26 +296,67 @@ def _every_option(conf):
             yield 'DEFAULT', key
 
 
-def _check_names(conf):
-    """Refuse unknown groups and options; returns {(group, option): file that set it}."""
+def _known_names(conf):
+    """{group: option names}: ours, and the deprecated names they are read under."""
     known = {}
     for group, name in _every_option(conf):
         known.setdefault(group, set()).add(name)
-    where = {}
+    for group, opts in _GROUPS:
+        for opt in opts:
+            for old in opt.deprecated_opts:
+                known.setdefault(old.group or group, set()).add(old.name or opt.name)
+    return known
+
+
+def _check_names(conf):
+    """Refuse unknown groups and options.
+
+    Returns ``({(group, option): "file: [group] name" that set it}, notes)``, the notes saying
+    which of kuryr-kubernetes' names were read as ours and which ignored.
+    """
+    known = _known_names(conf)
+    renamed = _renamed()
+    where, notes, controller = {}, [], {}
     for path in _config_files(conf):
         sections = {}
         cfg.ConfigParser(path, sections).parse()
         for section, options in sections.items():
             group = 'DEFAULT' if section.upper() == 'DEFAULT' else section
-            if group not in known:
+            if group in kuryrconf.CONTROLLER_GROUPS:
+                controller.setdefault(section, [])
+                continue
+            if group not in known and not kuryrconf.is_upstream_group(group):
                 raise ConfigError('%s: [%s]: unknown group%s' % (
                     path, section, _did_you_mean(section, known)))
             for name in options:
-                if name not in known[group]:
+                if name in known.get(group, ()):
+                    spelled = '%s: [%s] %s' % (path, section, name)
+                    if (group, name) in renamed:
+                        read_as = 'read as [%s] %s' % renamed[(group, name)]
+                        notes.append(Note(logging.INFO, '%s is %s' % (spelled, read_as)))
+                        spelled += ' (%s)' % read_as
+                    where[renamed.get((group, name), (group, name))] = spelled
+                    continue
+                ignored = kuryrconf.judge(group, name)
+                if ignored is None:
                     raise ConfigError('%s: [%s] %s: unknown option%s' % (
                         path, section, name, _did_you_mean(name, known[group])))
-                where[(group, name)] = path
-    return where
+                if ignored.controller:
+                    controller.setdefault(section, []).append(name)
+                else:
+                    notes.append(Note(logging.WARNING, '%s: [%s] %s is ignored: %s' % (
+                        path, section, name, ignored.why)))
+    if controller:
+        notes.append(Note(logging.INFO, 'Ignored as kuryr-controller\'s: %s' % '; '.join(
+            ('[%s] %s' % (section, ', '.join(names))).strip()
+            for section, names in controller.items())))
+    return where, notes
+
+
+def _renamed():
+    """{(old group, old name): (group, name)} of every deprecated name of ours."""
+    return {(old.group or group, old.name or opt.name): (group, opt.name)
+            for group, opts in _GROUPS for opt in opts for old in opt.deprecated_opts}
 
 
 def _config_files(conf):
@@ -256,4 +372,4 @@ def _did_you_mean(word, choices):
 
 
 def _line(where, group, name, problem):
-    return '%s: [%s] %s: %s' % (where.get((group, name), 'default'), group, name, problem)
+    return '%s: %s' % (where.get((group, name), 'default: [%s] %s' % (group, name)), problem)

@@ -36,6 +36,7 @@ class Spec(typing.NamedTuple):
 
 COMMANDS = ('ADD', 'DEL', 'CHECK', 'GC', 'STATUS')
 RESULTS = ('success', 'noop', 'stale', 'error')
+ERRORS = ('False', 'True')                      # str(bool), as kuryr-kubernetes writes it
 SERVICES = ('watcher', 'cni-worker', 'ops')     # kuryr_cni.daemon.main's children
 SERVERS = ('cni', 'health', 'metrics')          # kuryr_cni.daemon.server instances, by name
 DROP_REASONS = ('peer_uid', 'head_timeout', 'request_timeout', 'write_timeout', 'evicted')
@@ -48,9 +49,11 @@ SPECS = (
     Spec('requests', 'counter', 'kuryr_cni_requests_total',
          'CNI requests handled, by command and result.', ('command', 'result'),
          known=(COMMANDS, RESULTS)),
+    # kuryr-kubernetes' kuryr-daemon exports this name with these labels; its
+    # operators' rules filter on error="True".
     Spec('duration', 'histogram', 'kuryr_cni_request_duration_seconds',
-         'Time to answer a CNI request.', ('command',), {'buckets': DURATION_BUCKETS},
-         known=(COMMANDS,)),
+         'Time to answer a CNI request, by command and whether it was an error.',
+         ('command', 'error'), {'buckets': DURATION_BUCKETS}, known=(COMMANDS, ERRORS)),
     Spec('in_flight', 'gauge', 'kuryr_cni_requests_in_flight',
          'CNI requests being served now.', (), {'multiprocess_mode': 'livesum'}),
     Spec('stale_del', 'counter', 'kuryr_cni_stale_del_rejected_total',
@@ -131,7 +134,7 @@ def setup(directory):
 def observe_request(command, result, seconds):
     if _m:
         _m.requests.labels(command, result).inc()
-        _m.duration.labels(command).observe(seconds)
+        _m.duration.labels(command, str(result == 'error')).observe(seconds)
 
 
 def in_flight(delta):

@@ -40,7 +40,7 @@ class CNIApp:
     def handle(self, path, raw_body):
         command = ROUTES.get(path)
         started = time.monotonic()
-        body = None
+        body = req = error = None
         outcome = 'error'
         metrics.in_flight(1)
         try:
@@ -49,23 +49,30 @@ class CNIApp:
             body = cni_request.decode(raw_body)
             req = cni_request.parse(body, command)
             outcome, result = self.dispatch(req, started + self.request_timeout)
-            if result is None:
-                return 204, b''
-            return 200, json.dumps(result).encode()
+            answer = (204, b'') if result is None else (200, json.dumps(result).encode())
         except errors.CNIError as exc:
-            log = LOG.warning if exc.retry else LOG.info
-            log('%s failed: %s (%s)', command, exc.msg, exc.details)
-            return exc.http_status, _error_json(exc, body)
+            error = exc
+            level = logging.WARNING if exc.retry else logging.INFO
         except (ConnectionError, EOFError) as exc:
             # The registry Manager is gone; the supervisor restarts the daemon.
-            LOG.error('%s failed: registry unavailable: %s', command, exc)
-            return 503, _error_json(errors.TryAgainLater('daemon registry unavailable'), body)
+            error = errors.TryAgainLater('daemon registry unavailable', str(exc))
+            level = logging.ERROR
         except Exception as exc:
             LOG.exception('%s failed unexpectedly', command)
-            return 500, _error_json(errors.CNIError('internal error', repr(exc)), body)
+            error = errors.CNIError('internal error', repr(exc))
+            level = logging.ERROR
         finally:
             metrics.in_flight(-1)
-            metrics.observe_request(command or 'unknown', outcome, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            metrics.observe_request(command or 'unknown', outcome, seconds)
+        # Outside the except clauses: oslo.log would append the exception being
+        # handled to a WARNING, a second, garbled account of the same error.
+        if error is None:
+            level = logging.DEBUG if command == 'STATUS' else logging.INFO
+        _log_request(level, command or path, req, outcome, error, seconds)
+        if error is not None:
+            return error.http_status, _error_json(error, body)
+        return answer
 
     def dispatch(self, req, deadline):
         """Run ``req``; returns ``(outcome, result or None)``."""
@@ -177,6 +184,23 @@ def _valid_attachments(config):
             raise errors.InvalidConfig('%s entries are {"containerID", "ifname"}' % key)
         valid.add((item['containerID'], item['ifname']))
     return valid
+
+
+def _log_request(level, command, req, outcome, error, seconds):
+    """The one line of a CNI request: who asked what, and how it ended.
+
+    Names the pod, the sandbox and the interface as the runtime gave them,
+    never the network config (it may hold anything).
+    """
+    pod = '%s/%s' % (req.pod.namespace, req.pod.name) if req and req.pod else '-'
+    who = '%s pod %s container %s ifname %s' % (
+        command, pod, (req and req.container_id) or '-', (req and req.ifname) or '-')
+    if error is None:
+        LOG.log(level, '%s: %s (code 0) in %.3f s', who, outcome, seconds)
+    else:
+        LOG.log(level, '%s: error code %d %s: %s%s in %.3f s', who, error.code,
+                type(error).__name__, error.msg,
+                ' (%s)' % error.details if error.details else '', seconds)
 
 
 def _error_json(exc, body):

@@ -14,6 +14,7 @@ import socket
 import stat
 import struct
 
+ANY = '::'        # every address of both families, the ops ports' default
 BACKLOG = 1024    # the default of 5 stalls bursts of pod starts by ~1 s; floods need room too
 
 
@@ -47,13 +48,31 @@ def open_unix(path):
 
 
 def open_tcp(host, port):
-    """A listening TCP socket for the ops ports (health, metrics)."""
+    """A listening TCP socket for the ops ports (health, metrics).
+
+    ``::`` serves both families (IPV6_V6ONLY off, whatever net.ipv6.bindv6only
+    says), as an IPv6-only node needs; where IPv6 is off in this network
+    namespace, or absent from the kernel, it is 0.0.0.0 instead.
+    """
+    if host == ANY and not ipv6_on():
+        host = '0.0.0.0'
     family = socket.AF_INET6 if ':' in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
     sock.bind((host, port))
     sock.listen(BACKLOG)
     return sock
+
+
+def ipv6_on(proc_sys='/proc/sys/net/ipv6'):
+    """Whether this network namespace has IPv6 (its ``all.disable_ipv6`` is not 1)."""
+    try:
+        with open(os.path.join(proc_sys, 'conf', 'all', 'disable_ipv6')) as f:
+            return f.read().strip() != '1'
+    except OSError:
+        return False        # no /proc/sys/net/ipv6: the kernel has no IPv6 (ipv6.disable=1)
 
 
 def refuse_non_root(conn):

@@ -51,12 +51,14 @@ def main(argv=None):
     try:
         conf = config.load(sys.argv[1:] if argv is None else argv)
         # Before the run dir, the state dir or the registry is touched.
-        config.validate(conf)
+        notes = config.validate(conf)
     except config.ConfigError as exc:
         print('kuryr-cni-daemon: configuration error: %s' % exc, file=sys.stderr)
         return 2
     logging.set_defaults(default_log_levels=logging.get_default_log_levels() + QUIET_LIBRARIES)
     logging.setup(conf, 'kuryr-cni')
+    for note in notes:
+        LOG.log(note.level, '%s', note.message)
     multiprocessing.set_start_method('fork', force=True)
     _limit_malloc_arenas()
     try:
@@ -94,6 +96,11 @@ def run(conf):
         guard.disarm()
         manager.shutdown()
     return 0
+
+
+def _address(sock):
+    host, port = sock.getsockname()[:2]
+    return '[%s]:%d' % (host, port) if ':' in host else '%s:%d' % (host, port)
 
 
 def _limit_malloc_arenas():
@@ -187,8 +194,10 @@ def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard):
         sock.set_inheritable(True)
     notifier.start()
     guard.start()
-    LOG.info('kuryr-cni-daemon serving %s with %d workers',
-             conf.cni_daemon.socket, conf.cni_daemon.worker_count)
+    LOG.info('kuryr-cni-daemon serving %s for node %s with %d workers; health on %s, '
+             'metrics on %s', conf.cni_daemon.socket, conf.cni_daemon.node_name,
+             conf.cni_daemon.worker_count,
+             _address(health_sock), _address(metrics_sock))
     _freeze_heap()
     sm.run()
 

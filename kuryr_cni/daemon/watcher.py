@@ -46,8 +46,7 @@ class WatcherService(cotyledon.Service):
         heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
                             self.conf.health.heartbeat_timeout).run_in_thread(self.stop_event)
         k8s = self.conf.kubernetes
-        client = apiclient.make_api_client(api_root=k8s.api_root, kubeconfig=k8s.kubeconfig,
-                                           token_file=k8s.token_file, ca_file=k8s.ca_file)
+        client = apiclient.from_options(k8s)
         node = self.conf.cni_daemon.node_name
         options = dict(watch_timeout=k8s.watch_timeout, on_restart=metrics.watch_restarted,
                        on_event=metrics.watch_event,

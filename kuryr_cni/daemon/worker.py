@@ -45,11 +45,8 @@ def server_limits(opts):
 
 def build_event_poster(conf):
     """Kubernetes Events about pods whose ADD waits for VIFs (posted from a thread)."""
-    k8s = conf.kubernetes
-    return events.EventPoster(
-        lambda: apiclient.make_api_client(api_root=k8s.api_root, kubeconfig=k8s.kubeconfig,
-                                          token_file=k8s.token_file, ca_file=k8s.ca_file),
-        conf.cni_daemon.node_name, conf.cni_daemon.vif_source)
+    return events.EventPoster(lambda: apiclient.from_options(conf.kubernetes),
+                              conf.cni_daemon.node_name, conf.cni_daemon.vif_source)
 
 
 class CNIWorker(cotyledon.Service):

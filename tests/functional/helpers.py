@@ -22,7 +22,7 @@ PROMETHEUS_PORT = 9655
 def scrape(node):
     """Every sample of /metrics as ``{(name, frozenset(labels)): value}``."""
     status, text = node.http_get(PROMETHEUS_PORT, '/metrics')
-    assert status == 200, text
+    assert status == 200, '%s\n%s' % (text, node.log_tail())
     return {(sample.name, frozenset(sample.labels.items())): sample.value
             for family in parser.text_string_to_metric_families(text)
             for sample in family.samples}
@@ -142,3 +142,24 @@ def assert_connected(node, sandbox, index):
     assert host_end.get('ifalias') == owner_tag.alias(sandbox.container_id, 'eth0')
     assert host_end.get('master') == node.links()[testhost.BRIDGE]['index']
     assert node.ping(sandbox.netns, testhost.GATEWAY)
+
+
+def node_config(node, api=True, token=None):
+    """A config file of what must differ in a throwaway namespace; its path.
+
+    Where the socket, the state and the log go; with ``api`` the API server
+    (the stand-in in ``node``), with ``token`` a file holding it. Given with a
+    config under test, it leaves every other option to that one.
+    """
+    path = os.path.join(node.workdir, 'node.conf')
+    with open(path, 'w') as f:
+        f.write('[DEFAULT]\nlog_file = %s\n[cni_daemon]\nsocket = %s\nstate_dir = %s\n'
+                % (os.path.join(node.workdir, 'daemon.log'), node.socket, node.state_dir))
+        if api:
+            f.write('[kubernetes]\napi_root = %s\n' % node.api.url)
+        if token:
+            token_file = os.path.join(node.workdir, 'token')
+            with open(token_file, 'w') as t:
+                t.write(token + '\n')
+            f.write('token_file = %s\n' % token_file)
+    return path

@@ -315,8 +315,18 @@ def test_metric_values_after_a_known_sequence(daemon, runtime):
     assert requests == {('ADD', 'success'): 2, ('ADD', 'error'): 1, ('CHECK', 'success'): 1,
                         ('DEL', 'stale'): 1, ('DEL', 'success'): 1, ('DEL', 'noop'): 1,
                         ('STATUS', 'success'): 1}
-    assert _counts(samples, 'kuryr_cni_request_duration_seconds_count', 'command') == {
-        'ADD': 3, 'CHECK': 1, 'DEL': 3, 'STATUS': 1}
+    # kuryr-kubernetes' histogram, label for label: {command, error="True"|"False"}.
+    duration = 'kuryr_cni_request_duration_seconds'
+    assert {frozenset(dict(labels)) for (sample, labels) in samples
+            if sample.startswith(duration + '_') and sample != duration + '_bucket'} == {
+        frozenset({'command', 'error'})}
+    assert {frozenset(dict(labels)) for (sample, labels) in samples
+            if sample == duration + '_bucket'} == {frozenset({'command', 'error', 'le'})}
+    assert {(dict(labels)['command'], dict(labels)['error']): value
+            for (sample, labels), value in samples.items()
+            if sample == duration + '_count' and value} == {
+        ('ADD', 'False'): 2, ('ADD', 'True'): 1, ('CHECK', 'False'): 1, ('DEL', 'False'): 3,
+        ('STATUS', 'False'): 1}
     assert helpers.stale_dels(node) == {'container_id_mismatch': 1, 'pod_uid_mismatch': 0}
     assert samples[('kuryr_cni_sandbox_evictions_total', frozenset())] == 1
     assert samples[('kuryr_cni_vif_wait_seconds_count', frozenset())] == 2

@@ -328,7 +328,8 @@ class Cluster:
         def established():      # served from then on
             status = self._json(ext.read_custom_resource_definition, crd['metadata']['name'])
             return any(c['type'] == 'Established' and c['status'] == 'True'
-                       for c in status.get('status', {}).get('conditions', []))
+                       # conditions is null until the server has looked at the CRD
+                       for c in (status.get('status') or {}).get('conditions') or [])
         wait.until(established, 30, 'the KuryrPort CRD to be established')
 
     # What the server saw -----------------------------------------------------------------------

@@ -53,7 +53,7 @@ def test_an_add_that_times_out_creates_its_event(cluster, node, runtime):
     [event] = wait.until(lambda: [e for e in cluster.events()
                                   if e['involvedObject']['name'] == 'late-1'],
                          20, 'the Event')
-    assert event['reason'] == 'CNITimeoutKuryrPortRegistry' and event['type'] == 'Warning'
+    assert event['reason'] == 'CNITimedOutWaitingForVIFAnnotation' and event['type'] == 'Warning'
     assert event['involvedObject']['uid'] == pod['metadata']['uid']
     assert event['source'] == {'component': 'kuryr-daemon', 'host': node.name}
     assert cluster.refused(since) == []

@@ -594,16 +594,16 @@ def test_post_config_writes_the_daemon_config(host):
         'state_dir': str(host.state_dir),
         'worker_count': '4',
         'vif_timeout': '60',
-        'vif_source': 'annotation',
+        'vif_source': 'kuryrport',
     }
     assert conf['kubernetes']['kubeconfig'] == str(host.kubeconfig)
     for unset in ('api_root', 'token_file', 'ca_file'):
         assert unset not in conf['kubernetes']
     assert conf['binding']['ovsdb_connection'] == 'unix:/run/openvswitch/db.sock'
     assert 'link_iface' not in conf['binding']
-    assert (conf['health']['host'], conf['health']['port']) == ('0.0.0.0', host.env[
+    assert (conf['health']['host'], conf['health']['port']) == ('::', host.env[
         'KURYR_CNI_HEALTH_PORT'])
-    assert (conf['prometheus']['host'], conf['prometheus']['port']) == ('0.0.0.0', host.env[
+    assert (conf['prometheus']['host'], conf['prometheus']['port']) == ('::', host.env[
         'KURYR_CNI_PROMETHEUS_PORT'])
 
     assert host.state_dir.is_dir()
@@ -637,7 +637,7 @@ def test_post_config_with_api_root_token_and_ca(host):
     env = {'KURYR_CNI_KUBECONFIG': '', 'KURYR_CNI_K8S_API_ROOT': 'https://192.0.2.1:6443',
            'KURYR_CNI_K8S_TOKEN_FILE': '/etc/kuryr-cni/token',
            'KURYR_CNI_K8S_CA_FILE': '/etc/kubernetes/pki/ca.crt',
-           'KURYR_CNI_LINK_IFACE': 'eth1', 'KURYR_CNI_VIF_SOURCE': 'kuryrport',
+           'KURYR_CNI_LINK_IFACE': 'eth1', 'KURYR_CNI_VIF_SOURCE': 'annotation',
            'KURYR_CNI_NODE_NAME': 'node-7'}
     host.run('stack', 'post-config', env=env)
 
@@ -646,7 +646,7 @@ def test_post_config_with_api_root_token_and_ca(host):
         'debug': 'True', 'api_root': 'https://192.0.2.1:6443',
         'token_file': '/etc/kuryr-cni/token', 'ca_file': '/etc/kubernetes/pki/ca.crt'}
     assert conf['binding']['link_iface'] == 'eth1'
-    assert conf['cni_daemon']['vif_source'] == 'kuryrport'
+    assert conf['cni_daemon']['vif_source'] == 'annotation'
     assert conf['cni_daemon']['node_name'] == 'node-7'
 
 
@@ -773,7 +773,8 @@ def test_extra_fails_without_the_daemon_binary(host):
 
 @pytest.mark.parametrize('bind, url_host', [
     ('0.0.0.0', '127.0.0.1'), ('', '127.0.0.1'), ('192.0.2.5', '192.0.2.5'),
-    ('::', '[::1]'), ('2001:db8::5', '[2001:db8::5]'), ('[2001:db8::5]', '[2001:db8::5]'),
+    ('::', '127.0.0.1'), ('[::]', '127.0.0.1'), ('2001:db8::5', '[2001:db8::5]'),
+    ('[2001:db8::5]', '[2001:db8::5]'),
 ])
 def test_ready_url_reaches_the_health_server_bind_address(host, bind, url_host):
     proc = host.run_code('kuryr_cni_ready_url', env={
@@ -812,7 +813,7 @@ def plumbed(host, ready_server):
     (host.cni_conf_dir / '00-kuryr.conflist').write_text('{}')
     (host.cni_conf_dir / '10-crio-bridge.conflist').write_text('{}')
     host.env.update(KURYR_CNI_SMOKE_TEST='True', KC_SANDBOX=SANDBOX, KC_NOT_READY='',
-                    KURYR_CNI_NODE_NAME='node-1')
+                    KURYR_CNI_NODE_NAME='node-1', KURYR_CNI_VIF_SOURCE='annotation')
     return host
 
 
@@ -874,6 +875,14 @@ def test_smoke_test_fails_when_the_metrics_counted_no_add(plumbed, ready_server,
     proc = plumbed.run('stack', 'test-config', check=False)
     assert proc.returncode != 0
     assert 'counts no successful ADD' in proc.stderr
+
+
+def test_smoke_test_needs_the_annotation_source_its_pod_uses(plumbed):
+    proc = plumbed.run('stack', 'test-config', env={'KURYR_CNI_VIF_SOURCE': 'kuryrport'},
+                       check=False)
+    assert proc.returncode != 0
+    assert 'set KURYR_CNI_VIF_SOURCE=annotation' in proc.stderr
+    assert plumbed.calls('kubectl') == []
 
 
 def test_smoke_test_fails_when_another_config_comes_first(plumbed):
@@ -1023,3 +1032,5 @@ def test_the_check_refuses_what_the_sample_and_the_job_once_lacked(host):
 
 def test_the_job_runs_the_smoke_test():
     assert _zuul_localrc()['KURYR_CNI_SMOKE_TEST'] in ('True', 'true')
+    # Its pod carries its VIF in an annotation; the plugin's default is kuryrport.
+    assert _zuul_localrc()['KURYR_CNI_VIF_SOURCE'] == 'annotation'

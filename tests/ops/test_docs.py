@@ -18,8 +18,8 @@ from kuryr_cni import metrics
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / 'doc' / 'source'
-PAGES = ('index', 'architecture', 'ownership', 'install', 'configuration', 'operations',
-         'security', 'troubleshooting', 'benchmark')
+PAGES = ('index', 'architecture', 'ownership', 'install', 'configuration', 'migration',
+         'operations', 'security', 'troubleshooting', 'benchmark')
 
 
 @pytest.fixture(scope='module')
@@ -71,6 +71,19 @@ def test_the_health_semantics_are_documented_as_implemented():
                     'shutting down'):
         assert '``%s``' % problem in text, problem
     assert 'heartbeat_timeout' in text and 'consecutive_failures' in text
+
+
+def test_every_name_read_from_kuryr_kubernetes_is_documented():
+    text = _rst('configuration')
+    for group, opts in config.list_opts():
+        for opt in opts:
+            for old in opt.deprecated_opts:
+                assert '``[%s] %s``' % (old.group or group, old.name) in text or (
+                    '``%s``' % old.name in text), (old.group or group, old.name)
+
+
+def test_the_migration_page_is_in_the_index(html):
+    assert 'href="migration.html"' in (html / 'index.html').read_text()
 
 
 def test_the_readme_links_resolve():

@@ -260,7 +260,8 @@ def test_configmap_config_sets_only_daemon_options(configmap, tmp_path):
         for option in written.options(section):
             if option not in written.defaults():
                 assert option in known.get(section, ()), '[%s] %s' % (section, option)
-    assert conf.cni_daemon.vif_source == 'annotation'
+    assert conf.cni_daemon.vif_source == 'kuryrport'
+    assert conf.health.host == conf.prometheus.host == '::'
     assert conf.kubernetes.api_root is None and conf.kubernetes.kubeconfig is None
 
 

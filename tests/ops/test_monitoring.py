@@ -90,6 +90,7 @@ PROMETHEUS_SERIES = {'up': set()}
 LABEL_VALUES = {
     'command': {'ADD', 'DEL', 'CHECK', 'GC', 'STATUS'},
     'reason': {'container_id_mismatch', 'pod_uid_mismatch'},
+    'error': {'True', 'False'},
     'job': {'kuryr-cni'},
 }
 
@@ -152,7 +153,8 @@ def _check_promql(expr):
 # restarts): operators' dashboards and alerts rely on these names and labels.
 CONTRACT = {
     'kuryr_cni_requests_total': ('counter', {'command', 'result'}),
-    'kuryr_cni_request_duration_seconds': ('histogram', {'command'}),
+    # kuryr-kubernetes' name and labels, error = "True" | "False" (DESIGN 4.4).
+    'kuryr_cni_request_duration_seconds': ('histogram', {'command', 'error'}),
     'kuryr_cni_stale_del_rejected_total': ('counter', {'reason'}),
     'kuryr_cni_attachments': ('gauge', set()),
     'kuryr_cni_vif_wait_seconds': ('histogram', set()),
@@ -266,6 +268,8 @@ def test_the_alerts_operators_rely_on_exist():
 
     latency, = _rule_using('kuryr_cni_request_duration_seconds_bucket')
     assert 'histogram_quantile(0.99' in latency['expr'] and 'command="ADD"' in latency['expr']
+    errors, = _rule_using('kuryr_cni_request_duration_seconds_count')
+    assert 'error="True"' in errors['expr'] and re.search(r'>\s*0\.5\s*$', errors['expr'])
 
     ready, = _rule_using('kuryr_cni_ready')
     assert re.search(r'==\s*0\s*$', ready['expr']) and _seconds(ready['for']) == 300
@@ -475,14 +479,20 @@ def _series(name, values, **labels):
         labels.items()))), 'values': values}
 
 
-def _buckets(command, per_minute_in_30s_to_60s, instance=N1):
+def _buckets(command, per_minute_in_30s_to_60s, instance=N1, error='False'):
     """Cumulative buckets of requests that all took between 30 s and 60 s."""
     name = 'kuryr_cni_request_duration_seconds_bucket'
     n = per_minute_in_30s_to_60s
-    return [_series(name, '0x40', command=command, le='10', instance=instance),
-            _series(name, '0x40', command=command, le='30', instance=instance),
-            _series(name, '0+%dx40' % n, command=command, le='60', instance=instance),
-            _series(name, '0+%dx40' % n, command=command, le='+Inf', instance=instance)]
+    labels = dict(command=command, instance=instance, error=error)
+    return [_series(name, '0x40', le='10', **labels),
+            _series(name, '0x40', le='30', **labels),
+            _series(name, '0+%dx40' % n, le='60', **labels),
+            _series(name, '0+%dx40' % n, le='+Inf', **labels)]
+
+
+def _counts(command, per_minute, error, instance=N1):
+    return _series('kuryr_cni_request_duration_seconds_count', '0+%dx40' % per_minute,
+                   command=command, error=error, instance=instance)
 
 
 def _alert_tests():
@@ -501,12 +511,24 @@ def _alert_tests():
                        reason='container_id_mismatch')]},
         ]},
         {'interval': '1m', 'name': 'ADD latency', 'input_series': [
-            # Every ADD on node-1 takes 30-60 s; DELs on node-2 as well.
+            # Every ADD on node-1 takes 30-60 s; DELs on node-2 as well, and
+            # ADDs on node-2 fail that slowly (the error alert's business).
             *_buckets('ADD', 10), *_buckets('DEL', 10, instance=N2),
+            *_buckets('ADD', 10, instance=N2, error='True'),
         ], 'alert_rule_test': [
             {'eval_time': '12m', 'alertname': 'KuryrCNIAddLatencyHigh', 'exp_alerts': []},
             {'eval_time': '30m', 'alertname': 'KuryrCNIAddLatencyHigh', 'exp_alerts': [
                 _alert('KuryrCNIAddLatencyHigh', instance=N1)]},
+        ]},
+        {'interval': '1m', 'name': 'ADD errors', 'input_series': [
+            # node-1: 9 of 10 ADDs fail; node-2: 1 of 10; DELs failing do not count.
+            _counts('ADD', 9, 'True'), _counts('ADD', 1, 'False'),
+            _counts('ADD', 1, 'True', instance=N2), _counts('ADD', 9, 'False', instance=N2),
+            _counts('DEL', 10, 'True', instance=N2),
+        ], 'alert_rule_test': [
+            {'eval_time': '10m', 'alertname': 'KuryrCNIAddErrors', 'exp_alerts': []},
+            {'eval_time': '30m', 'alertname': 'KuryrCNIAddErrors', 'exp_alerts': [
+                _alert('KuryrCNIAddErrors', instance=N1)]},
         ]},
         {'interval': '1m', 'name': 'not ready', 'input_series': [
             _series('kuryr_cni_ready', '1 1 0x10'),

@@ -1,4 +1,4 @@
-"""What gets shipped: the wheel built from pyproject.toml, and the image's build context.
+"""What gets shipped: the wheel (setup.cfg, pyproject.toml) and the image's build context.
 
 The wheel is built for real (``pip wheel --no-deps``, the build backend
 fetched by pip as for any install) from a copy of the checkout in a
@@ -24,6 +24,8 @@ from kuryr_cni import version
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((REPO / 'pyproject.toml').read_text())
+SETUP_CFG = configparser.ConfigParser(interpolation=None)
+SETUP_CFG.read(REPO / 'setup.cfg')
 DIST_INFO = 'kuryr_cni-%s.dist-info/' % version.VERSION
 
 
@@ -95,11 +97,13 @@ def test_the_wheel_declares_the_commands_and_the_options_entry_point(wheel):
     assert dict(entry_points['oslo.config.opts']) == {'kuryr_cni': 'kuryr_cni.conf:list_opts'}
 
 
-def test_setup_files_are_gone():
-    # One description of the package; DevStack reads no setup.cfg any more.
-    assert not (REPO / 'setup.cfg').exists() and not (REPO / 'setup.py').exists()
-    assert PYPROJECT['tool']['setuptools']['dynamic']['version'] == {
-        'attr': 'kuryr_cni.version.VERSION'}
+def test_setup_cfg_describes_the_package_and_pyproject_builds_it():
+    # One description of the package, where OpenStack projects keep it.
+    assert set(SETUP_CFG) >= {'metadata', 'options', 'options.entry_points'}
+    assert SETUP_CFG['metadata']['version'] == 'attr: kuryr_cni.version.VERSION'
+    assert 'project' not in PYPROJECT and 'setuptools' not in PYPROJECT.get('tool', {})
+    assert PYPROJECT['build-system']['build-backend'] == 'setuptools.build_meta'
+    assert not (REPO / 'setup.py').exists()
 
 
 def test_version_is_a_literal_the_build_reads_without_importing():
@@ -122,7 +126,7 @@ def _constraints():
 
 def test_every_dependency_is_pinned_within_its_range_in_the_constraints():
     pins = _constraints()
-    for text in PYPROJECT['project']['dependencies']:
+    for text in SETUP_CFG['options']['install_requires'].split():
         req = Requirement(text)
         pin = pins.get(re.sub(r'[-_.]+', '-', req.name).lower())
         assert pin is not None, '%s has no pin' % req.name

@@ -155,3 +155,13 @@ def test_status_without_a_worker_is_50(app, registry):
     serving(registry)
     registry.status.process_started('cni-worker', 0, None, time.monotonic())
     refused(status(app), 'worker')
+
+
+def test_a_request_too_malformed_to_name_its_pod_still_leaves_its_one_line(app, caplog):
+    caplog.set_level('DEBUG', logger='kuryr_cni.daemon.api')
+    status, _ = app.handle('/addNetwork', b'{"CNI_COMMAND": "ADD", ')
+    assert status == 400
+    [line] = [r for r in caplog.records if r.name == 'kuryr_cni.daemon.api']
+    assert line.levelname == 'INFO'
+    assert line.getMessage().startswith(
+        'ADD pod - container - ifname -: error code 6 DecodeFailure: ')

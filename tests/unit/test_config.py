@@ -28,18 +28,19 @@ def test_defaults_match_the_contract(tmp_path):
     assert conf.cni_daemon.socket == '/run/kuryr-cni/daemon.sock'
     assert conf.cni_daemon.state_dir == '/var/lib/kuryr-cni'
     assert 'bind_address' not in conf.cni_daemon        # no TCP listener (issue 13 item 1)
-    assert conf.cni_daemon.vif_source == 'annotation'
+    assert conf.cni_daemon.vif_source == 'kuryrport'    # what kuryr-controller writes
     assert conf.binding.ovsdb_connection == 'unix:/run/openvswitch/db.sock'
-    assert (conf.health.host, conf.health.port) == ('0.0.0.0', 8090)
-    assert (conf.prometheus.host, conf.prometheus.port) == ('0.0.0.0', 9655)
+    assert (conf.health.host, conf.health.port) == ('::', 8090)
+    assert (conf.prometheus.host, conf.prometheus.port) == ('::', 9655)
+    assert conf.kubernetes.verify_server_cert is True
 
 
 def test_a_config_file_overrides_and_bad_values_are_refused(tmp_path):
     path = tmp_path / 'k.conf'
-    path.write_text('[cni_daemon]\nworker_count = 2\nvif_source = kuryrport\n')
+    path.write_text('[cni_daemon]\nworker_count = 2\nvif_source = annotation\n')
     conf = config.load(['--config-file', str(path)])
     assert conf.cni_daemon.worker_count == 2
-    assert conf.cni_daemon.vif_source == 'kuryrport'
+    assert conf.cni_daemon.vif_source == 'annotation'
     path.write_text('[cni_daemon]\nvif_source = somewhere\n')
     conf = config.load(['--config-file', str(path)])
     try:
@@ -71,13 +72,27 @@ def _validated(path):
      '[cni_daemon] worker_count: Should be greater than or equal to 1'),
     ('[cni_daemon]\nworker_count = many\n', '[cni_daemon] worker_count: '),
     ('[cni_daemon]\nvif_source = somewhere\n',
-     "[cni_daemon] vif_source: Valid values are [annotation, kuryrport], but found 'somewhere'"),
+     "[cni_daemon] vif_source: Valid values are [kuryrport, annotation], but found 'somewhere'"),
     ('[health]\nport = 99999\n', '[health] port: Should be less than or equal to 65535'),
     ('[DEFAULT]\ndebug = perhaps\n', '[DEFAULT] debug: Invalid Boolean value: perhaps'),
     ('[cni_daemon]\nsocket = run/daemon.sock\n',
      "[cni_daemon] socket: 'run/daemon.sock' must be an absolute path"),
     ('[kubernetes]\nkubeconfig = /nonexistent/kubeconfig\n',
      "[kubernetes] kubeconfig: '/nonexistent/kubeconfig' no such file"),
+    # kuryr-kubernetes' names are known; typos of them, in our groups or in the groups
+    # our deprecated names come from, still end the start.
+    ('[cni_daemon]\nworker_nmu = 3\n',
+     '[cni_daemon] worker_nmu: unknown option (did you mean worker_num?)'),
+    ('[kubernetes]\nssl_ca_crt_fiel = /x\n',
+     '[kubernetes] ssl_ca_crt_fiel: unknown option (did you mean ssl_ca_crt_file?)'),
+    ('[cni_health_server]\nprot = 8090\n',
+     '[cni_health_server] prot: unknown option (did you mean port?)'),
+    ('[prometheus_exporter]\ncni_exporter_prot = 1\n',
+     '[prometheus_exporter] cni_exporter_prot: unknown option (did you mean '
+     'cni_exporter_port?)'),
+    ('[neutron_defualts]\nproject = x\n', '[neutron_defualts]: unknown group'),
+    ('[cni_daemon]\nworker_num = 0\n', '[cni_daemon] worker_num (read as [cni_daemon] '
+     'worker_count): Should be greater than or equal to 1'),
 ])
 def test_every_problem_is_one_line_naming_file_option_and_problem(tmp_path, text, line):
     path = tmp_path / 'kuryr-cni.conf'

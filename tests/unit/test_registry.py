@@ -303,10 +303,12 @@ def test_metrics_are_aggregated_across_processes(tmp_path):
     assert got[(requests, (('command', 'ADD'), ('result', 'success')))] == 1.0
     assert got[('kuryr_cni_sandbox_evictions_total', ())] == 2.0
     duration = 'kuryr_cni_request_duration_seconds'
-    assert got[(duration + '_count', (('command', 'DEL'),))] == 2.0
-    assert got[(duration + '_bucket', (('command', 'DEL'), ('le', '0.025')))] == 2.0
-    assert got[(duration + '_bucket', (('command', 'ADD'), ('le', '0.25')))] == 0.0
-    assert got[(duration + '_bucket', (('command', 'ADD'), ('le', '0.5')))] == 1.0
+    ok = ('error', 'False')
+    assert got[(duration + '_count', (('command', 'DEL'), ok))] == 2.0
+    assert got[(duration + '_bucket', (('command', 'DEL'), ok, ('le', '0.025')))] == 2.0
+    assert got[(duration + '_bucket', (('command', 'ADD'), ok, ('le', '0.25')))] == 0.0
+    assert got[(duration + '_bucket', (('command', 'ADD'), ok, ('le', '0.5')))] == 1.0
+    assert got[(duration + '_count', (('command', 'ADD'), ('error', 'True')))] == 0.0
     assert 'counter_12345.db' not in os.listdir(directory)   # setup() wiped the directory
 
 

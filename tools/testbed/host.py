@@ -106,9 +106,12 @@ class Host:
         return path
 
     def start_daemon(self, workers=4, vif_timeout=20, extra='', wait=True, timeout=60,
-                     env=None):
-        """Start the daemon; ``env`` adds to its environment (e.g. WATCHDOG_USEC)."""
-        config = self.write_config(workers, vif_timeout, extra)
+                     env=None, config_files=None):
+        """Start the daemon; ``env`` adds to its environment (e.g. WATCHDOG_USEC).
+
+        ``config_files`` replace the file :meth:`write_config` writes.
+        """
+        files = config_files or [self.write_config(workers, vif_timeout, extra)]
         notify_path = os.path.join(self.workdir, 'notify.sock')
         with contextlib.suppress(FileNotFoundError):
             os.unlink(notify_path)
@@ -116,7 +119,8 @@ class Host:
         self._notify.bind(notify_path)
         env = dict(os.environ, NOTIFY_SOCKET=notify_path, **(env or {}))
         self.daemon = subprocess.Popen(
-            ['ip', 'netns', 'exec', self.ns, *daemon_command(), '--config-file', config],
+            ['ip', 'netns', 'exec', self.ns, *daemon_command(),
+             *(arg for path in files for arg in ('--config-file', path))],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=open(os.path.join(self.workdir, 'daemon.stderr'), 'ab'),
             start_new_session=True)
@@ -206,12 +210,13 @@ class Host:
                                str(count), '-W', str(wait), '-q', address],
                               capture_output=True, timeout=30).returncode == 0
 
-    def http_get(self, port, path, timeout=10):
-        """GET ``path`` from 127.0.0.1:``port`` inside the host namespace."""
-        sock = netns.socket_in(self.path, socket.AF_INET, socket.SOCK_STREAM)
+    def http_get(self, port, path, timeout=10, address='127.0.0.1'):
+        """GET ``path`` from ``address``:``port`` inside the host namespace."""
+        family = socket.AF_INET6 if ':' in address else socket.AF_INET
+        sock = netns.socket_in(self.path, family, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         with sock:
-            sock.connect(('127.0.0.1', port))
+            sock.connect((address, port))
             sock.sendall(('GET %s HTTP/1.0\r\nHost: localhost\r\n\r\n' % path).encode())
             data = b''
             while chunk := sock.recv(65536):
@@ -260,6 +265,7 @@ socket = {socket}
 state_dir = {state_dir}
 worker_count = {workers}
 vif_timeout = {vif_timeout}
+vif_source = annotation
 
 [kubernetes]
 api_root = {api_root}
