@@ -148,21 +148,11 @@ class KubeNode(testhost.Host):
             # process is the daemon's parent.
             self.daemon = subprocess.Popen(
                 [TOOL, 'run', self.dir, 'env', *('%s=%s' % item for item in env.items()),
-                 ENTRYPOINT, *self.daemon_args()],
+                 ENTRYPOINT],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         if wait_ready:
             self.wait_daemon_ready(timeout)
         return self.daemon
-
-    def daemon_args(self):
-        """What the node adds to the shipped configuration: nothing, or the VIF source
-        the controller this tier plays writes, while the shipped default is another."""
-        if 'vif_source = kuryrport' in shipped_config()['kuryr-cni.conf']:
-            return []
-        path = os.path.join(self.workdir, 'kuryrport.conf')
-        with open(path, 'w') as f:
-            f.write('[cni_daemon]\nvif_source = kuryrport\n')
-        return ['--config-file', path]
 
     def _write_service_account(self):
         directory = os.path.join(self.dir, 'mnt', 'run', SERVICE_ACCOUNT)
