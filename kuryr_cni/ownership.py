@@ -61,7 +61,7 @@ class Ownership:
     def add(self, req, deadline):
         self.kernel.check_netns(req.netns)
         pod = req.pod
-        self.registry.status.add_started(req.container_id, time.time())
+        self.registry.status.add_started(req.container_id, time.time(), pod.key)
         try:
             wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
@@ -89,6 +89,7 @@ class Ownership:
         with self.locks.hold(req.pod.key, deadline) as remove_lock:
             binding = self._load(req.pod.key)
             try:
+                self._refuse_superseded(req)
                 self._refuse_moved_sandbox(binding, req)
                 free_names = self._refuse_foreign_ifname(binding, req)
             except errors.CNIError:
@@ -170,6 +171,19 @@ class Ownership:
                                               vif_model.inactive_note((record or {}).get('vifs'))))
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
+
+    def _refuse_superseded(self, req):
+        """Refuse an ADD overtaken, while it waited for the VIFs, by a newer sandbox's ADD.
+
+        Claims follow the order ADDs arrived in, not the order they get the
+        lock: an older ADD still waiting (one the runtime gave up on) must not
+        take the pod from the sandbox the runtime moved on to.
+        """
+        newest = self.registry.status.newest_add(req.pod.key)
+        if newest not in (None, req.container_id):
+            raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
+                                       'whose ADD came later' % (req.container_id, req.pod.key,
+                                                                 newest))
 
     def _refuse_moved_sandbox(self, binding, req):
         """Refuse an ADD naming another namespace than its sandbox's record.

@@ -32,6 +32,12 @@ import setproctitle
 PR_SET_PDEATHSIG = 1
 
 
+# An ADD lasts at most its request deadline (under the shim's 110 s): past this,
+# which ADD of a pod came last no longer matters, and the entry may go.
+NEWEST_ADD_TTL = 600
+NEWEST_ADD_PRUNE_AT = 1024
+
+
 class _Table:
     def __init__(self):
         self._lock = threading.Lock()
@@ -108,6 +114,7 @@ class StatusTable:
         self._shutting_down = False
         self._watch_activity = None
         self._adds = {}             # container ID -> time.time() its ADD started
+        self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
 
@@ -169,9 +176,26 @@ class StatusTable:
 
     # ADDs in flight ----------------------------------------------------------------
 
-    def add_started(self, container_id, when):
+    def add_started(self, container_id, when, pod=None):
+        """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of."""
         with self._lock:
             self._adds[container_id] = when
+            if pod is not None:
+                now = time.monotonic()
+                self._newest_add[pod] = (container_id, now)
+                if len(self._newest_add) > NEWEST_ADD_PRUNE_AT:
+                    self._newest_add = {key: entry for key, entry in self._newest_add.items()
+                                        if now - entry[1] < NEWEST_ADD_TTL}
+
+    def newest_add(self, pod):
+        """The container ID of the ADD for ``pod`` that started last, or None when unknown.
+
+        An ADD that started earlier must not claim the pod: the runtime has
+        given up on its sandbox for the newer one (DESIGN §1).
+        """
+        with self._lock:
+            entry = self._newest_add.get(pod)
+            return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
 
     def add_finished(self, container_id):
         with self._lock:

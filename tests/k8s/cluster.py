@@ -32,7 +32,6 @@ import urllib.parse
 import uuid
 
 from kubernetes import client
-import pytest
 import yaml
 
 from tests import wait
@@ -68,15 +67,6 @@ def missing():
         if not os.access(os.path.join(CACHE, 'bin', binary), os.X_OK):
             return 'kube-apiserver is not built (tools/kube-apiserver build; cache %s)' % CACHE
     return None
-
-
-def require(reason, tier):
-    """Skip the test for ``reason`` (None: run it), or fail it in CI (``CI=true``), where a
-    tier that silently skips would prove nothing."""
-    if reason and os.environ.get('CI') == 'true':
-        pytest.fail('the %s tier cannot run in CI: %s' % (tier, reason), pytrace=False)
-    if reason:
-        pytest.skip(reason)
 
 
 @contextlib.contextmanager

@@ -19,11 +19,16 @@ import uuid
 
 import pytest
 
+from tests import conftest
 from tests.k8s import cluster as k8s
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 
 SESSION_PREFIX = 'kc-k%d' % os.getpid()
+
+
+def _unavailable():
+    conftest.require_tier('k8s', k8s.missing())
 
 
 @pytest.fixture(scope='session', autouse=True)
@@ -49,7 +54,7 @@ def _root_links():
 
 @pytest.fixture(scope='session')
 def cluster():
-    k8s.require(k8s.missing(), 'k8s')
+    _unavailable()
     with k8s.serving(SESSION_PREFIX) as server:
         yield server
 

@@ -81,7 +81,7 @@ def test_after_a_restart_an_expired_version_relists_once_from_the_cache(cluster,
 @pytest.fixture(scope='module')
 def etcd_served():
     """A second server, whose watches etcd serves (no watch cache)."""
-    k8s.require(k8s.missing(), 'k8s')
+    conftest._unavailable()
     server = k8s.Cluster(conftest.SESSION_PREFIX, extra_flags=['--watch-cache=false'])
     try:
         server.apply_daemonset_rbac()

@@ -20,6 +20,7 @@ import os
 
 import pytest
 
+from tests import conftest
 from tests import wait
 from tests.k8s import cluster as k8s
 from tests.node import controller as kcontroller
@@ -30,7 +31,7 @@ SESSION_PREFIX = 'kc-n%d' % os.getpid()
 
 @pytest.fixture(scope='session')
 def cluster():
-    k8s.require(kubenode.missing(), 'node')
+    conftest.require_tier('node', kubenode.missing())
     with k8s.serving(SESSION_PREFIX) as server:
         yield server
 

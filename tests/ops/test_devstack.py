@@ -35,6 +35,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ops import shellcheck
+
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = REPO / 'devstack' / 'plugin.sh'
 SETTINGS = REPO / 'devstack' / 'settings'
@@ -983,12 +985,7 @@ def test_every_phase_is_a_noop_when_the_service_is_disabled(host, ready_server, 
 
 @pytest.mark.parametrize('script', [PLUGIN, SETTINGS], ids=lambda p: p.name)
 def test_shellcheck(script):
-    shellcheck = shutil.which('shellcheck')
-    if shellcheck is None:
-        pytest.skip('shellcheck is not installed (apt-get install shellcheck)')
-    proc = subprocess.run([shellcheck, '--shell=bash', '--severity=style', str(script)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shellcheck.assert_clean(script, '--shell=bash', '--severity=style')
 
 
 def _localrc(text):

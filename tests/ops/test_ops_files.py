@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.ops import shellcheck
+
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / 'etc' / 'systemd' / 'kuryr-cni-daemon.service'
 DOCKERFILE = REPO / 'Dockerfile'
@@ -423,12 +425,7 @@ def test_entrypoint_fails_when_the_cni_bin_dir_is_not_mounted(node):
 
 
 def test_entrypoint_shellcheck():
-    shellcheck = shutil.which('shellcheck')
-    if shellcheck is None:
-        pytest.skip('shellcheck is not installed (apt-get install shellcheck)')
-    proc = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shellcheck.assert_clean(ENTRYPOINT)
 
 
 # --- Zuul --------------------------------------------------------------------

@@ -6,7 +6,10 @@ primitives of their own, lists as ``...List`` objects holding ``objects``),
 with the fields kuryr-controller sets: VIF ``id``, ``address``, ``active``,
 ``plugin``, ``vif_name``, ``has_traffic_filtering``, ``preserve_on_delete``,
 the ``Network`` with its ``SubnetList``, ``FixedIPList`` and ``RouteList``,
-and the port profile of OVS VIFs. Values are made up for these tests.
+and the port profile of OVS VIFs. Values are made up for these tests; the
+shapes, field by field and version by version, are checked against what the
+real kuryr-controller 10.0.0 writes by tests/openstack/test_fixtures.py, which
+also records a real one in tests/fixtures/kuryr-controller-10.0.0/.
 """
 
 import copy
@@ -52,9 +55,9 @@ def ovs_vif(active=True, profile_version='1.4', n=5, **data):
     base = {'active': active, 'address': 'fa:16:3e:98:7b:%02x' % n,
             'bridge_name': 'br-int', 'has_traffic_filtering': True, 'id': PORT_ID,
             'network': dual_stack_network(n), 'plugin': 'ovs',
-            'port_profile': obj('VIFPortProfileOpenVSwitch',
-                                {'interface_id': PORT_ID, 'datapath_type': 'system',
-                                 'create_port': False}, version=profile_version),
+            # kuryr-controller sets the interface ID alone (no datapath_type, no create_port).
+            'port_profile': obj('VIFPortProfileOpenVSwitch', {'interface_id': PORT_ID},
+                                version=profile_version),
             'preserve_on_delete': False, 'vif_name': 'tap8c5f3a10-2f'}
     base.update(data)
     return obj('VIFOpenVSwitch', base)
@@ -99,6 +102,8 @@ def kuryrport(namespace, name, node, pod_uid, vifs=None, static=False):
     return {'apiVersion': 'openstack.org/v1', 'kind': 'KuryrPort',
             'metadata': {'name': name, 'namespace': namespace,
                          'labels': {'kuryr.openstack.org/nodeName': node},
-                         'finalizers': ['kuryr.openstack.org/kuryrport-finalizer']},
+                         'finalizers': ['kuryr.openstack.org/kuryrport-finalizer'],
+                         'ownerReferences': [{'apiVersion': 'v1', 'kind': 'Pod', 'name': name,
+                                              'uid': pod_uid}]},
             'spec': {'podUid': pod_uid, 'podNodeName': node, 'podStatic': static},
             'status': {'vifs': vifs or {}}}

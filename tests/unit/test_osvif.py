@@ -7,6 +7,7 @@ import pytest
 
 from kuryr_cni import errors
 from kuryr_cni import osvif
+from tests import fixtures
 from tests.unit import osvif_fixtures as fx
 
 GATEWAYS = ('10.0.0.1', 'fd00:10::1')
@@ -22,6 +23,23 @@ def test_open_vswitch_vif_with_port_profile_1_4():
     assert vif.ips == IPS and vif.gateways == GATEWAYS
     assert [(r.dst, r.gw) for r in vif.routes] == [('192.168.0.0/16', '10.0.0.62')]
     assert vif.active and vif.default
+
+
+def test_what_kuryr_controller_10_0_0_wrote():
+    """A KuryrPort the real controller wrote (recorded by tests/openstack/test_fixtures.py)."""
+    with open(fixtures.KURYRPORT_RECORDING) as f:
+        kuryrport = json.load(f)
+    vif = osvif.parse_status_vifs(kuryrport['status']['vifs'])['eth0']
+    data = kuryrport['status']['vifs']['eth0']['vif']['versioned_object.data']
+    assert vif.kind == 'ovs' and vif.bridge == 'br-int'
+    assert vif.port_id == data['id'] and vif.mac == data['address']
+    [subnet] = data['network']['versioned_object.data']['subnets']['versioned_object.data'][
+        'objects']
+    [ip] = subnet['versioned_object.data']['ips']['versioned_object.data']['objects']
+    assert vif.mtu == 1442
+    assert vif.ips == (ip['versioned_object.data']['address'] + '/24',)
+    assert vif.gateways == ('10.20.0.1',) and vif.routes == ()
+    assert vif.active == data['active'] and vif.default
 
 
 @pytest.mark.parametrize('version', ['1.0', '1.1', '1.2', '1.3', '1.4'])

@@ -377,3 +377,17 @@ def test_rule(world, moved, case):
         in_flight, final = case.then_in_flight
         assert world.finish(in_flight) == final
     assert world.owner() == case.owner
+
+
+def test_an_older_add_still_waiting_for_the_vifs_never_takes_the_pod_from_a_newer_one(world):
+    """ADD A (abandoned by the runtime) and ADD B both wait for the VIFs; whichever then
+    gets the pod's lock first, B owns the pod and A is told to try again."""
+    world.registry.drop_pod(POD)            # no VIFs published yet
+    a = world.pool.submit(world.request, 'ADD', 'A')
+    wait.until(lambda: 'A' in world.registry.status.adds_since(0), what='ADD A in flight')
+    b = world.pool.submit(world.request, 'ADD', 'B')
+    wait.until(lambda: 'B' in world.registry.status.adds_since(0), what='ADD B in flight')
+    world.publish(active=True)
+    assert (a.result(timeout=30), b.result(timeout=30)) == (11, 'ok')
+    assert world.owner() == 'B'
+    assert world.effects() == MAKE_B

@@ -35,9 +35,11 @@ def ip(*args, check=True):
 
 
 class Host:
-    def __init__(self, prefix='kc', workdir=None, bridge=True):
+    def __init__(self, prefix='kc', workdir=None, bridge=True, netns=None):
+        """``netns``: an existing namespace to be the host (its maker removes it), else new."""
         self.tag = '%s-%s' % (prefix, uuid.uuid4().hex[:6])
-        self.ns = self.tag + '-host'
+        self.ns = netns or self.tag + '-host'
+        self._own_ns = netns is None
         self.path = '/run/netns/' + self.ns
         self.workdir = workdir or tempfile.mkdtemp(prefix=self.tag + '-')
         os.chmod(self.workdir, 0o700)
@@ -47,8 +49,9 @@ class Host:
         self.daemon = None
         self.api = None
         self._notify = None
-        ip('netns', 'add', self.ns)
-        ip('-n', self.ns, 'link', 'set', 'lo', 'up')
+        if self._own_ns:
+            ip('netns', 'add', self.ns)
+            ip('-n', self.ns, 'link', 'set', 'lo', 'up')
         if bridge:
             ip('-n', self.ns, 'link', 'add', BRIDGE, 'type', 'bridge')
             ip('-n', self.ns, 'addr', 'add', GATEWAY + '/24', 'dev', BRIDGE)
@@ -238,7 +241,8 @@ class Host:
             self._notify.close()
         for name in list(self.pod_namespaces):
             ip('netns', 'del', name, check=False)
-        ip('netns', 'del', self.ns, check=False)
+        if self._own_ns:
+            ip('netns', 'del', self.ns, check=False)
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self):

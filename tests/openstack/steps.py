@@ -1,0 +1,75 @@
+"""A pod's way from creation to its ADD answered, step by step, timed.
+
+kubelet sends the ADD as soon as the pod's sandbox exists, before
+kuryr-controller has done anything; :func:`start_pod` does the same (the
+pod is created, the ADD sent at once) and watches, while the ADD runs, for
+each step the parts take in turn: Neutron port created (by kuryr-controller),
+KuryrPort written, plugged on br-int (by the daemon), ACTIVE in Neutron (OVN
+bound it), ``active`` patched into the KuryrPort (kuryr-controller saw it),
+ADD answered. No step is waited for that has an event of its own to wait
+on: these are observations, in the order they happened.
+"""
+
+import concurrent.futures
+import dataclasses
+import time
+
+from tools.testbed import runtime as testruntime
+
+STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active',
+         'ADD answered')
+POLL = 0.05
+
+
+@dataclasses.dataclass
+class Started:
+    pod: dict
+    sandbox: testruntime.Sandbox
+    outcome: testruntime.Outcome
+    at: dict                 # step -> seconds after the pod's creation
+    port_id: str = None
+
+    @property
+    def name(self):
+        return self.pod['metadata']['name']
+
+
+def sandbox_of(node, pod, container_id=None):
+    return testruntime.Sandbox(container_id or 'sandbox-%s-1' % pod['metadata']['name'],
+                               node.pod_netns(), pod['metadata']['name'],
+                               pod_uid=pod['metadata']['uid'])
+
+
+def start_pod(stack, node, runtime, make_pod):
+    """Create a pod and ADD its sandbox at once; the ADD's outcome and each step's time."""
+    started = time.monotonic()
+    pod = make_pod()
+    sandbox = sandbox_of(node, pod)
+    at = {}
+    port_id = None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        add = pool.submit(runtime.add, sandbox)
+        while 'ADD answered' not in at:
+            now = time.monotonic() - started
+            if add.done():
+                at['ADD answered'] = now
+            if port_id is None:
+                ports = stack.ports_of(pod['metadata']['uid'])
+                if ports:
+                    port_id = ports[0]['id']
+                    at['port created'] = now
+            if 'KuryrPort written' not in at or 'KuryrPort active' not in at:
+                vif = (((stack.kuryrport(pod['metadata']['name']) or {}).get('status') or {})
+                       .get('vifs', {}).get('eth0', {}).get('vif'))
+                if vif:
+                    at.setdefault('KuryrPort written', now)
+                    if vif['versioned_object.data'].get('active'):
+                        at.setdefault('KuryrPort active', now)
+            if port_id and 'plugged' not in at and stack.plugged(port_id):
+                at['plugged'] = now
+            if port_id and 'ACTIVE' not in at and stack.port(port_id)['status'] == 'ACTIVE':
+                at['ACTIVE'] = now
+            if not add.done():
+                time.sleep(POLL)
+        outcome = add.result()
+    return Started(pod, sandbox, outcome, at, port_id)

@@ -1,0 +1,105 @@
+"""Pods behind the real kuryr-controller and Neutron: ADD, traffic through OVN, DEL."""
+
+import ipaddress
+import subprocess
+import sys
+
+from tests import wait
+from tests.openstack import conftest
+from tests.openstack import steps
+
+
+def _started(stack, node, runtime, pods):
+    started = steps.start_pod(stack, node, runtime, pods)
+    assert started.outcome.ok, (started.outcome.output, node.log_tail())
+    for step in steps.STEPS:
+        if step in started.at:
+            conftest.record('pod %s: %s' % (started.name, step), started.at[step])
+    return started
+
+
+def test_add_plugs_into_br_int_and_answers_once_neutron_says_active(
+        stack, node, runtime, pods):
+    started = _started(stack, node, runtime, pods)
+    at = started.at
+    # Each part did its step, in causal order: nothing turned ACTIVE before the daemon
+    # plugged, and the ADD answered only after kuryr-controller saw ACTIVE.
+    assert set(at) == set(steps.STEPS), at
+    assert at['port created'] <= at['KuryrPort written'] <= at['plugged'] <= at['ACTIVE'] \
+        <= at['KuryrPort active'] <= at['ADD answered'], at
+    port = stack.port(started.port_id)
+    assert port['status'] == 'ACTIVE'
+    assert port['binding:host_id'] == stack.node
+    assert port['device_id'] == started.pod['metadata']['uid']
+    # The result is the port's: its MAC, its address on the pod's interface.
+    [address] = [ip['ip_address'] for ip in port['fixed_ips']]
+    [ip] = started.outcome.output['ips']
+    assert ipaddress.ip_interface(ip['address']).ip == ipaddress.ip_address(address)
+    assert node.addresses(started.sandbox.netns, 'eth0') == {ip['address']}
+    [interface] = [i for i in started.outcome.output['interfaces'] if i.get('sandbox')]
+    assert interface['mac'] == port['mac_address']
+    # OVN bound the port to this node's chassis.
+    assert stack.sbctl('--bare', '--columns=chassis', 'find', 'Port_Binding',
+                       'logical_port=' + started.port_id).strip()
+
+
+def test_two_pods_reach_each_other_through_ovn(stack, node, runtime, pods):
+    a = _started(stack, node, runtime, pods)
+    b = _started(stack, node, runtime, pods)
+    address_b = stack.port(b.port_id)['fixed_ips'][0]['ip_address']
+    assert node.ping(a.sandbox.netns, address_b, count=3, wait=5)
+    for pod in (a, b):
+        stack.checksum_offload_off(pod.sandbox.netns)
+    assert _tcp_echo(stack, b.sandbox.netns, a.sandbox.netns, address_b) == b'through OVN'
+
+
+def test_deleted_pod_leaves_nothing_behind(stack, node, runtime, pods):
+    started = _started(stack, node, runtime, pods)
+    assert runtime.delete(started.sandbox).ok
+    assert stack.plugged(started.port_id) is None
+    stack.wait_for_status(started.port_id, 'DOWN')
+    stack.delete_pod(started.name)
+    # kuryr-controller deletes the port, then lifts its finalizers: the KuryrPort and the
+    # pod go only once the port is gone.
+    wait.until(lambda: stack.pod(started.name) is None, 60, 'the pod to be gone', 0.1)
+    assert stack.kuryrport(started.name) is None
+    assert stack.port(started.port_id) is None
+    assert stack.br_int_ports() == {}
+    assert runtime.delete(started.sandbox).ok        # the runtime's repeated DEL
+
+
+SERVER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', 7777))
+s.listen(1)
+print('listening', flush=True)
+s.settimeout(30)
+c, _ = s.accept()
+c.settimeout(30)
+c.sendall(c.recv(100))
+c.close()
+"""
+
+CLIENT = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], 7777), timeout=15)
+c.sendall(b'through OVN')
+sys.stdout.write(c.recv(100).decode())
+"""
+
+
+def _tcp_echo(stack, server_netns, client_netns, address):
+    """What a TCP echo server in one pod sends back to a client in the other."""
+    server = subprocess.Popen(['ip', 'netns', 'exec', server_netns.rsplit('/', 1)[1],
+                               sys.executable, '-c', SERVER], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        assert server.stdout.readline() == b'listening\n'
+        client = stack.run_in(client_netns, sys.executable, '-c', CLIENT, address)
+        assert client.returncode == 0, client.stderr
+        return client.stdout.encode()
+    finally:
+        server.kill()
+        server.wait(10)
