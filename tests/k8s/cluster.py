@@ -69,6 +69,19 @@ def missing():
     return None
 
 
+@contextlib.contextmanager
+def serving(prefix):
+    """A :class:`Cluster` with the DaemonSet's RBAC and the KuryrPort CRD applied; closed
+    on leaving."""
+    server = Cluster(prefix)
+    try:
+        server.apply_daemonset_rbac()
+        server.install_kuryrport_crd()
+        yield server
+    finally:
+        server.close()
+
+
 def ip(*args):
     return subprocess.run(['ip', *args], check=True, capture_output=True, text=True,
                           timeout=30).stdout

@@ -55,13 +55,8 @@ def _root_links():
 @pytest.fixture(scope='session')
 def cluster():
     _unavailable()
-    server = k8s.Cluster(SESSION_PREFIX)
-    try:
-        server.apply_daemonset_rbac()
-        server.install_kuryrport_crd()
+    with k8s.serving(SESSION_PREFIX) as server:
         yield server
-    finally:
-        server.close()
 
 
 class Node(testhost.Host):

@@ -1,0 +1,189 @@
+"""Pod start time on a real node: kuryr-cni against the reference plugins, alternating.
+
+    python -m tests.node.bench [--sizes 30 110] [--passes 2] [--out FILE]   (root)
+
+The node tier's node (:mod:`tests.node.kubenode`, kubelet's API rate limit
+raised as in the tier) runs bursts of pods created at once, each burst with
+one plugin: the kuryr-cni daemon as shipped (with the tier's kuryr-controller
+and Neutron stand-in, :mod:`tests.node.controller`), or Debian's ``bridge`` +
+``host-local`` (containernetworking-plugins) on a bridge of their own. The
+plugin is switched between bursts by adding or removing the reference
+conflist, which sorts before kuryr-cni's (containerd uses the first); a probe
+pod proves the switch before each burst. Bursts alternate plugins, and the
+first plugin alternates between passes.
+
+A pod's start time is from the moment its create request is sent to the
+moment a watch of the node's pods shows all its containers running, both on
+this process's monotonic clock. Printed as JSON (and written to ``--out``):
+per plugin and burst size, p50, p95 and max over every pod of every pass.
+"""
+
+import argparse
+import concurrent.futures
+import ipaddress
+import json
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+
+from kubernetes import client
+from kubernetes import watch
+
+from tests.k8s import cluster as k8s
+from tests.node import controller as kcontroller
+from tests.node import kubenode
+
+REFERENCE = '05-reference.conflist'
+REFERENCE_SUBNET = '10.20.0.0/16'
+REFERENCE_CONFLIST = {
+    'cniVersion': '1.0.0', 'name': 'reference',
+    'plugins': [{'type': 'bridge', 'bridge': 'ref-br0', 'isGateway': True,
+                 'ipam': {'type': 'host-local', 'ranges': [[{'subnet': REFERENCE_SUBNET}]]}}]}
+
+
+class Clock:
+    """When each pod of the node was first seen running, from a watch."""
+
+    def __init__(self, cluster, node):
+        self.cluster = cluster
+        self.node = node
+        self.running = {}
+        self._stop = threading.Event()
+        self._done = cluster.submit(self._watch)
+
+    def _watch(self):
+        api = client.CoreV1Api(self.cluster.api)
+        while not self._stop.is_set():
+            for event in watch.Watch().stream(
+                    api.list_namespaced_pod, 'default', timeout_seconds=5,
+                    field_selector='spec.nodeName=' + self.node.name):
+                pod = api.api_client.sanitize_for_serialization(event['object'])
+                if kubenode.is_running(pod):
+                    self.running.setdefault(pod['metadata']['uid'], time.monotonic())
+                if self._stop.is_set():
+                    return
+
+    def close(self):
+        self._stop.set()
+        self._done.result(30)
+
+
+def use(node, plugin):
+    path = os.path.join(node.dir, 'cni', 'net.d', REFERENCE)
+    if plugin == 'reference':
+        with open(path + '.tmp', 'w') as f:
+            json.dump(REFERENCE_CONFLIST, f)
+        os.rename(path + '.tmp', path)
+    elif os.path.exists(path):
+        os.unlink(path)
+
+
+def probe(pods, node, plugin):
+    """Until a pod gets its address from ``plugin``: containerd has reloaded its config."""
+    subnet = ipaddress.ip_network(REFERENCE_SUBNET if plugin == 'reference'
+                                  else kcontroller.SUBNET)
+    for attempt in range(10):
+        name = 'probe-%d' % attempt
+        pods.create(name)
+        pod = pods.wait_running([name], timeout=120)[name]
+        pods.delete(name)
+        pods.wait_gone([name])
+        if ipaddress.ip_address(pod['status']['podIP']) in subnet:
+            return
+    raise AssertionError('containerd did not switch to %s' % plugin)
+
+
+def burst(cluster, node, pods, clock, size):
+    names = ['bench-%d' % i for i in range(size)]
+    sent = {}
+
+    def create(name):
+        started = time.monotonic()
+        pod = pods.create(name)
+        sent[pod['metadata']['uid']] = started
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(create, names, timeout=300))
+    pods.wait_running(names, timeout=60 + 3 * size)
+    deadline = time.monotonic() + 30
+    while set(sent) - set(clock.running) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    latencies = [clock.running[uid] - started for uid, started in sent.items()]
+    for name in names:
+        pods.delete(name)
+    pods.wait_gone(names, timeout=300)
+    return latencies
+
+
+def run(cluster, node, pods, clock, plugin, size):
+    """One burst with ``plugin``; the controller plays its part for kuryr-cni's only, so
+    that the reference plugins' bursts share the node with nothing of kuryr's but the
+    idle daemon."""
+    playing = kcontroller.Controller(cluster, node) if plugin == 'kuryr-cni' else None
+    try:
+        use(node, plugin)
+        probe(pods, node, plugin)
+        return burst(cluster, node, pods, clock, size)
+    finally:
+        if playing is not None:
+            playing.close()
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def summary(values):
+    return {'pods': len(values), 'p50': round(statistics.median(values), 2),
+            'p95': round(percentile(values, 0.95), 2), 'max': round(max(values), 2)}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--sizes', type=int, nargs='+', default=[30, 110])
+    parser.add_argument('--passes', type=int, default=2)
+    parser.add_argument('--out')
+    args = parser.parse_args(argv)
+    reason = kubenode.missing()
+    if reason:
+        sys.exit('cannot run: %s' % reason)
+    cluster = k8s.Cluster('kc-nb%d' % os.getpid())
+    node = None
+    results = {}
+    try:
+        cluster.apply_daemonset_rbac()
+        cluster.install_kuryrport_crd()
+        node = kubenode.KubeNode(cluster, 'kc-nb%d' % os.getpid())
+        for plugin in ('bridge', 'host-local'):
+            shutil.copy('/usr/lib/cni/' + plugin, os.path.join(node.dir, 'cni', 'bin'))
+        node.start_daemon()
+        node.wait_ready_node()
+        pods = kubenode.Pods(cluster, node)
+        clock = Clock(cluster, node)
+        try:
+            for number in range(args.passes):
+                order = ['kuryr-cni', 'reference'][::1 if number % 2 == 0 else -1]
+                for size in args.sizes:
+                    for plugin in order:
+                        latencies = run(cluster, node, pods, clock, plugin, size)
+                        results.setdefault('%s %d' % (plugin, size), []).extend(latencies)
+                        print('pass %d, %s, %d pods: %s' % (number + 1, plugin, size,
+                                                            summary(latencies)), flush=True)
+        finally:
+            clock.close()
+    finally:
+        if node is not None:
+            node.close()
+        cluster.close()
+    report = {key: summary(values) for key, values in results.items()}
+    print(json.dumps(report, indent=2))
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump({'summary': report, 'latencies': results}, f, indent=1)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,73 @@
+"""Fixtures of the node tier: one real node, driven by kubelet, for the whole session.
+
+The tier needs root and a built node (``tools/node build``, which builds
+kube-apiserver and kubelet too; ``tools/test`` runs it). Without them it
+skips with the reason, except in CI (``CI=true``), where a missing build
+fails every test.
+
+The session owns a kube-apiserver (:class:`tests.k8s.cluster.Cluster`, with the
+DaemonSet's RBAC and the KuryrPort CRD applied), one node
+(:class:`tests.node.kubenode.KubeNode`: containerd, kubelet and the daemon as
+shipped) and the controller that plays kuryr-controller and Neutron for it
+(:class:`tests.node.controller.Controller`). kubelet's own API rate limit is
+raised (``--kube-api-qps``): at its default of 5 requests a second, status
+updates of a burst of pods queue for many seconds whatever the CNI plugin
+does. Each test's pods are deleted after it, and the test fails if any pod,
+device, binding or queued DEL is left.
+"""
+
+import os
+
+import pytest
+
+from tests import conftest
+from tests import wait
+from tests.k8s import cluster as k8s
+from tests.node import controller as kcontroller
+from tests.node import kubenode
+
+SESSION_PREFIX = 'kc-n%d' % os.getpid()
+
+
+@pytest.fixture(scope='session')
+def cluster():
+    conftest.require_tier('node', kubenode.missing())
+    with k8s.serving(SESSION_PREFIX) as server:
+        yield server
+
+
+@pytest.fixture(scope='session')
+def node(cluster):
+    kube_node = kubenode.KubeNode(cluster, SESSION_PREFIX)
+    try:
+        kube_node.start_daemon()
+        kube_node.wait_ready_node()
+        yield kube_node
+    finally:
+        kube_node.close()
+
+
+@pytest.fixture(scope='session')
+def controller(cluster, node):
+    playing = kcontroller.Controller(cluster, node)
+    try:
+        yield playing
+    finally:
+        playing.close()
+
+
+@pytest.fixture
+def pods(cluster, node, controller):
+    """Pods of this test (:class:`tests.node.kubenode.Pods`); all gone after it."""
+    if node.daemon.poll() is not None:      # a test that stopped it failed
+        node.start_daemon()
+    made = kubenode.Pods(cluster, node)
+    try:
+        yield made
+    finally:
+        made.delete_all()
+    wait.until(lambda: not controller.ports, 60, 'the controller to see every pod gone')
+    try:
+        wait.until(lambda: node.leftovers() == kubenode.NOTHING, 30, 'nothing left')
+    except AssertionError:
+        assert node.leftovers() == kubenode.NOTHING

@@ -1,0 +1,96 @@
+"""The races kubelet and containerd really make: late VIFs, re-created pods, dead sandboxes.
+
+Each test lets kubelet do what it does and asserts the outcome in the pods
+(address, pings) and in the daemon's metrics, never the order of requests,
+which belongs to kubelet.
+"""
+
+import os
+import signal
+
+from tests import wait
+from tests.functional import helpers
+from tests.node.checks import assert_connected, delta, requests
+
+
+def test_a_vif_that_comes_late(cluster, node, controller, pods):
+    """The seed's race by its real author: the first ADD fails, containerd sends DEL,
+    kubelet retries with a new sandbox, and the VIF arrives meanwhile."""
+    before = requests(node)
+    controller.hold('late')
+    pods.create('late')
+    # The shipped vif_timeout (60 s) passes, the ADD fails, and containerd tears the
+    # sandbox down (DEL) within its RunPodSandbox; kubelet retries ~10 s later.
+    wait.until(lambda: requests(node).get(('ADD', 'error'), 0)
+               > before.get(('ADD', 'error'), 0), 100, 'the first ADD to fail', interval=0.5)
+    controller.release('late')
+    pod = pods.wait_running(['late'], timeout=120)['late']
+    assert_connected(node, controller, pod)
+    sent = delta(before, requests(node))
+    assert sent[('ADD', 'success')] == 1, sent
+    assert sent[('ADD', 'error')] >= 1, sent
+    assert sum(n for (command, _), n in sent.items() if command == 'DEL') >= 1, sent
+    # Whatever else was sent for the failed sandbox leaves the new one alone.
+    binding = helpers.binding(node, 'default/late')
+    assert binding['owner'] == node.sandbox_id(pod)
+    assert_connected(node, controller, pod)
+
+
+def test_a_pod_re_created_under_its_name(cluster, node, controller, pods):
+    """StatefulSet style: the pod force-deleted and re-created at once.
+
+    kubelet stops the old incarnation with the shortest grace period it knows (2 s; its
+    `sleep`, PID 1, ignores SIGTERM and takes all of it), and starts the new one meanwhile.
+    The new incarnation's ADD takes the pod over and removes the old sandbox's devices:
+    the old incarnation has no network for the rest of its grace period. The old
+    sandbox's DELs, sent when kubelet stops it (twice, at once) and again by its garbage
+    collection a minute later, carry the old UID: rejected and counted, and the new pod
+    keeps its network.
+    """
+    old = pods.wait_running([pods.create('again')['metadata']['name']])['again']
+    old_port = controller.port(old)
+    stale_before = helpers.stale_dels(node)
+    evictions_before = helpers.metric(node, 'kuryr_cni_sandbox_evictions_total')
+    before = requests(node)
+    pods.delete('again', grace=0)
+    new = pods.create('again')
+    assert new['metadata']['uid'] != old['metadata']['uid']
+    new = wait.until(lambda: pods.running('again', new['metadata']['uid']),
+                     60, 'the new incarnation to run', interval=0.2)
+    assert controller.port(new).ip != old_port.ip
+    assert_connected(node, controller, new)
+    # The new ADD removed the old incarnation's devices.
+    assert helpers.metric(node, 'kuryr_cni_sandbox_evictions_total') == evictions_before + 1
+
+    # Within a minute and a half: the garbage collection's pair comes by then anyway.
+    try:
+        wait.until(lambda: helpers.stale_dels(node)['pod_uid_mismatch']
+                   >= stale_before['pod_uid_mismatch'] + 2, 90, 'the old sandbox\'s DELs',
+                   interval=0.2)
+    finally:
+        sent = delta(before, requests(node))
+    assert sent[('ADD', 'success')] == 1, sent
+    assert sent[('DEL', 'stale')] >= 2, sent
+    assert set(sent) == {('ADD', 'success'), ('DEL', 'stale')}, sent
+    assert helpers.binding(node, 'default/again')['owner'] == node.sandbox_id(new)
+    assert_connected(node, controller, new)
+
+
+def test_a_sandbox_that_dies(cluster, node, controller, pods):
+    """The pause process is killed: kubelet sends DEL for the dead sandbox and ADD for a
+    new one; the pod is reconnected, with its address."""
+    pod = pods.wait_running([pods.create('phoenix')['metadata']['name']])['phoenix']
+    first_sandbox = node.sandbox_id(pod)
+    before = requests(node)
+    os.kill(node.sandbox_pid(pod), signal.SIGKILL)
+
+    def restarted():
+        current = pods.running('phoenix')
+        sandbox = current and node.sandbox_id(current)
+        return current if sandbox and sandbox != first_sandbox else None
+    pod = wait.until(restarted, 90, 'a new sandbox', interval=0.2)
+    assert_connected(node, controller, pod)
+    sent = delta(before, requests(node))
+    assert sent[('ADD', 'success')] == 1, sent
+    assert sent.get(('DEL', 'success'), 0) >= 1, sent
+    assert helpers.binding(node, 'default/phoenix')['owner'] == node.sandbox_id(pod)

@@ -1,0 +1,69 @@
+"""The daemon and kubelet restarted, or the daemon killed, while pods run and go."""
+
+import json
+import os
+import signal
+
+from tests import wait
+from tests.functional import helpers
+from tests.node.checks import assert_connected, delta, requests
+
+
+def test_the_daemon_restarted_while_pods_run(node, controller, pods):
+    running = pods.wait_running([pods.create(n)['metadata']['name'] for n in ('r-1', 'r-2')])
+    assert node.stop_daemon(signal.SIGTERM) == 0
+    # Without the daemon the pods keep their network: it lives in the kernel.
+    assert_connected(node, controller, running['r-1'], running['r-2'])
+    node.start_daemon()
+    assert helpers.metric(node, 'kuryr_cni_attachments') == 2
+    before = requests(node)
+    assert_connected(node, controller, running['r-1'], running['r-2'])
+    assert_connected(node, controller, running['r-2'], running['r-1'])
+    assert delta(before, requests(node)) == {}
+
+
+def test_the_daemon_killed_while_kubelet_deletes_a_pod(node, controller, pods):
+    running = pods.wait_running([pods.create(n)['metadata']['name'] for n in ('k-1', 'k-2')])
+    sandbox = node.sandbox_id(running['k-1'])
+    os.killpg(node.daemon.pid, signal.SIGKILL)
+    node.daemon.wait(30)
+    pods.delete('k-1')
+    pods.wait_gone(['k-1'])
+    # kubelet's DELs of k-1's sandbox could not be delivered: the shim queued them and
+    # answered success, so kubelet let the pod go.
+    queued = node.queued_dels()
+    assert queued
+    # What kubelet and containerd sent, as the shim kept it: DELs of k-1's sandbox, each
+    # naming the pod and its UID.
+    for name in queued:
+        with open(os.path.join(node.state_dir, 'del-queue', name)) as f:
+            sent = json.load(f)
+        assert (sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) == ('DEL', sandbox)
+        assert dict(pair.split('=', 1) for pair in sent['CNI_ARGS'].split(';')) == {
+            'IgnoreUnknown': '1', 'K8S_POD_NAMESPACE': 'default', 'K8S_POD_NAME': 'k-1',
+            'K8S_POD_INFRA_CONTAINER_ID': sandbox, 'K8S_POD_UID': running['k-1']['metadata']['uid']}
+    assert_connected(node, controller, running['k-2'])
+
+    node.start_daemon()
+    assert node.queued_dels() == []
+    assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') >= len(queued)
+    assert helpers.metric(node, 'kuryr_cni_attachments') == 1
+    assert helpers.binding(node, 'default/k-1') is None
+    assert_connected(node, controller, running['k-2'])
+
+
+def test_kubelet_restarted_while_pods_run(node, controller, pods):
+    running = pods.wait_running([pods.create(n)['metadata']['name'] for n in ('u-1', 'u-2')])
+    sandboxes = {name: node.sandbox_id(pod) for name, pod in running.items()}
+    before = requests(node)
+    node.stop_kubelet()
+    node.start_kubelet()
+    node.wait_ready_node()
+    # kubelet finds its pods running (its status sync writes them again) and leaves them.
+    wait.until(lambda: all(pods.running(name) for name in sandboxes), 60,
+               'the pods to be reported running again', interval=0.5)
+    for name in sandboxes:
+        pod = pods.running(name)
+        assert node.sandbox_id(pod) == sandboxes[name]
+    assert_connected(node, controller, pods.running('u-1'), pods.running('u-2'))
+    assert delta(before, requests(node)) == {}
