@@ -16,6 +16,11 @@ from oslo_log import log as logging
 
 LOG = logging.getLogger(__name__)
 
+# A receiver that does not read (systemd stalled, a supervisor that never drains
+# its socket) fills the datagram queue; a send would then block the parent,
+# whose shutdown notifies too. Past this the notification is dropped.
+SEND_TIMEOUT = 1.0
+
 
 def notify(message, env=os.environ):
     address = env.get('NOTIFY_SOCKET')
@@ -24,6 +29,7 @@ def notify(message, env=os.environ):
     if address.startswith('@'):
         address = '\0' + address[1:]     # abstract namespace socket
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(SEND_TIMEOUT)
         try:
             sock.connect(address)
             sock.sendall(message.encode())

@@ -217,3 +217,17 @@ def test_watchdog_for_another_pid_is_not_ours():
     assert sdnotify.watchdog_interval({'WATCHDOG_USEC': '1000000'}) == 0.5
     assert sdnotify.watchdog_interval({'WATCHDOG_USEC': '1000000',
                                        'WATCHDOG_PID': str(os.getpid() + 1)}) is None
+
+
+def test_a_receiver_that_never_reads_cannot_block_the_notifier(systemd):
+    """Seen in the storm test: the parent hung for ever in its shutdown's notification."""
+    _, env = systemd
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as filler:
+        filler.connect(env['NOTIFY_SOCKET'])
+        filler.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            for _ in range(100000):          # fill the receiver's queue
+                filler.send(b'STATUS=filler')
+    started = time.monotonic()
+    assert sdnotify.notify('STOPPING=1', env) is False
+    assert time.monotonic() - started < sdnotify.SEND_TIMEOUT + 2
