@@ -1,5 +1,6 @@
 """What the node tier observes: the daemon's request counts, and a pod's connectivity."""
 
+from kuryr_cni.binding import owner_tag
 from tests.functional import helpers
 from tools.testbed import host as testhost
 
@@ -15,6 +16,12 @@ def requests(node):
 def delta(before, after):
     return {key: after[key] - before.get(key, 0) for key in after
             if after[key] != before.get(key, 0)}
+
+
+def host_sandboxes(node):
+    """The sandboxes (container IDs) that have a host device on the node."""
+    return {tag[0] for tag in (owner_tag.parse_alias(link.get('ifalias') or '')
+                               for link in node.links().values()) if tag}
 
 
 def assert_connected(node, controller, pod, *peers):

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 
+from kuryr_cni import ctl
 from tools.testbed import host as testhost
 from tools.testbed import shim as testshim
 
@@ -214,6 +215,14 @@ class KubeNode(testhost.Host):
         """The host PID of the sandbox's pause process."""
         return int(self._task(self.sandbox_id(pod), 'init.pid'))
 
+    def containers(self):
+        """The IDs of containerd's containers on the node, sandboxes included."""
+        out = self.run(os.path.join(k8s.CACHE, 'bin', 'ctr'), '--address',
+                       os.path.join(self.dir, 'containerd', 'containerd.sock'),
+                       '--namespace', 'k8s.io', 'containers', 'list', '--quiet')
+        assert out.returncode == 0, out.stderr
+        return set(out.stdout.split())
+
     def in_pod(self, pod, *command, timeout=30):
         """``command`` inside ``pod``'s first container: its mount and network namespaces,
         so the pod's own busybox runs it."""
@@ -245,6 +254,12 @@ class KubeNode(testhost.Host):
         left = helpers.leftovers(self)
         left['queued'] = self.queued_dels()
         return left
+
+    def stale_dels(self):
+        """The daemon's log of the stale DELs it rejected, oldest first (``/v1/stale-dels``)."""
+        status, entries = ctl.fetch(self.socket, '/v1/stale-dels')
+        assert status == 200, entries
+        return entries
 
     def queued_dels(self):
         directory = os.path.join(self.state_dir, 'del-queue')

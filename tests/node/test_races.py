@@ -10,7 +10,7 @@ import signal
 
 from tests import wait
 from tests.functional import helpers
-from tests.node.checks import assert_connected, delta, requests
+from tests.node.checks import assert_connected, delta, host_sandboxes, requests
 
 
 def test_a_vif_that_comes_late(cluster, node, controller, pods):
@@ -27,12 +27,16 @@ def test_a_vif_that_comes_late(cluster, node, controller, pods):
     pod = pods.wait_running(['late'], timeout=120)['late']
     assert_connected(node, controller, pod)
     sent = delta(before, requests(node))
-    assert sent[('ADD', 'success')] == 1, sent
-    assert sent[('ADD', 'error')] >= 1, sent
-    assert sum(n for (command, _), n in sent.items() if command == 'DEL') >= 1, sent
-    # Whatever else was sent for the failed sandbox leaves the new one alone.
+    assert sent.pop(('ADD', 'success')) == 1, sent
+    assert sent.pop(('ADD', 'error')) >= 1, sent
+    # containerd's DELs of the failed sandbox (sent within its RunPodSandbox, before
+    # kubelet retries) found nothing: a failed ADD leaves nothing behind.
+    assert sent.pop(('DEL', 'noop')) >= 1, sent
+    assert sent == {}, sent
+    sandbox = node.sandbox_id(pod)
     binding = helpers.binding(node, 'default/late')
-    assert binding['owner'] == node.sandbox_id(pod)
+    assert (binding['owner'], list(binding['sandboxes'])) == (sandbox, [sandbox]), binding
+    assert host_sandboxes(node) == {sandbox}
     assert_connected(node, controller, pod)
 
 
@@ -78,19 +82,55 @@ def test_a_pod_re_created_under_its_name(cluster, node, controller, pods):
 
 def test_a_sandbox_that_dies(cluster, node, controller, pods):
     """The pause process is killed: kubelet sends DEL for the dead sandbox and ADD for a
-    new one; the pod is reconnected, with its address."""
+    new one; the pod is reconnected, with its address, and the dead sandbox's devices
+    are gone.
+
+    Killed twice, so that kubelet's garbage collection (every minute) removes the first
+    sandbox while the pod runs: it keeps one dead container per container, and a sandbox
+    only once it holds none. Its DELs, with the pod's own UID, come long after the third
+    sandbox took the pod over: the seed's late DEL, by its real author. They are rejected
+    and counted, and the pod keeps its network.
+    """
     pod = pods.wait_running([pods.create('phoenix')['metadata']['name']])['phoenix']
-    first_sandbox = node.sandbox_id(pod)
+    first = node.sandbox_id(pod)
+    stale_before = helpers.stale_dels(node)
     before = requests(node)
+    second, pod = kill_sandbox(node, pods, pod)
+    assert_connected(node, controller, pod)
+    assert host_sandboxes(node) == {second}
+    third, pod = kill_sandbox(node, pods, pod)
+    assert_connected(node, controller, pod)
+    assert host_sandboxes(node) == {third}
+    sent = delta(before, requests(node))
+    assert sent[('ADD', 'success')] == 2, sent
+    assert sent.get(('DEL', 'success'), 0) >= 2, sent
+    assert helpers.binding(node, 'default/phoenix')['owner'] == third
+
+    # kubelet stops a sandbox (the DELs) before it removes it from containerd.
+    wait.until(lambda: first not in node.containers(), 150,
+               'kubelet\'s garbage collection to remove sandbox %s' % first, interval=1)
+    assert_connected(node, controller, pod)
+    assert host_sandboxes(node) == {third}
+    assert helpers.binding(node, 'default/phoenix')['owner'] == third
+    sent = delta(before, requests(node))
+    assert sent[('ADD', 'success')] == 2, sent
+    rejected = [entry for entry in node.stale_dels() if entry['pod'] == 'default/phoenix']
+    assert {entry['container_id'] for entry in rejected} >= {first}, rejected
+    assert {(entry['owner'], entry['reason']) for entry in rejected} == {
+        (third, 'container_id_mismatch')}, rejected
+    assert sent[('DEL', 'stale')] == len(rejected), (sent, rejected)
+    assert helpers.stale_dels(node)['container_id_mismatch'] == \
+        stale_before['container_id_mismatch'] + len(rejected)
+
+
+def kill_sandbox(node, pods, pod):
+    """Kill ``pod``'s pause process; the new sandbox's ID and the pod once it runs there."""
+    dead = node.sandbox_id(pod)
     os.kill(node.sandbox_pid(pod), signal.SIGKILL)
 
     def restarted():
-        current = pods.running('phoenix')
+        current = pods.running(pod['metadata']['name'])
         sandbox = current and node.sandbox_id(current)
-        return current if sandbox and sandbox != first_sandbox else None
-    pod = wait.until(restarted, 90, 'a new sandbox', interval=0.2)
-    assert_connected(node, controller, pod)
-    sent = delta(before, requests(node))
-    assert sent[('ADD', 'success')] == 1, sent
-    assert sent.get(('DEL', 'success'), 0) >= 1, sent
-    assert helpers.binding(node, 'default/phoenix')['owner'] == node.sandbox_id(pod)
+        return (sandbox, current) if sandbox and sandbox != dead else None
+    return wait.until(restarted, 90, 'a new sandbox of %s' % pod['metadata']['name'],
+                      interval=0.2)
