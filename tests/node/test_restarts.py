@@ -2,19 +2,51 @@
 
 import json
 import os
+import re
 import signal
 
 from tests import wait
 from tests.functional import helpers
-from tests.node.checks import assert_connected, delta, requests
+from tests.node.checks import assert_connected, delta, host_sandboxes, requests
+
+# recovery.replay_queue's line for each queued DEL it applied.
+REPLAYED = re.compile(r'Replayed queued DEL (\S+) for (\S+): (\w+)')
 
 
-def test_the_daemon_restarted_while_pods_run(node, controller, pods):
-    running = pods.wait_running([pods.create(n)['metadata']['name'] for n in ('r-1', 'r-2')])
+def test_the_daemon_restarted_while_pods_run_and_go(node, controller, pods):
+    """Stopped cleanly (SIGTERM), as a DaemonSet update does, while kubelet deletes a pod:
+    the running pods keep their network, the deleted pod's DELs are queued by the shim
+    and replayed by the new daemon before it serves, and nothing of that pod is left."""
+    running = pods.wait_running([pods.create(n)['metadata']['name']
+                                 for n in ('r-1', 'r-2', 'r-3')])
+    sandboxes = {name: node.sandbox_id(pod) for name, pod in running.items()}
     assert node.stop_daemon(signal.SIGTERM) == 0
     # Without the daemon the pods keep their network: it lives in the kernel.
     assert_connected(node, controller, running['r-1'], running['r-2'])
+    pods.delete('r-3')
+    pods.wait_gone(['r-3'])
+    queued = node.queued_dels()
+    assert queued
+    for name in queued:
+        with open(os.path.join(node.state_dir, 'del-queue', name)) as f:
+            sent = json.load(f)
+        assert (sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) == ('DEL', sandboxes['r-3'])
+    # Its host device went with its namespace; its binding waits for the DELs.
+    assert helpers.binding(node, 'default/r-3')['owner'] == sandboxes['r-3']
+
+    log_start = len(node.daemon_log())
     node.start_daemon()
+    assert node.queued_dels() == []
+    # Replayed before the socket opened (a DEL kubelet sent after the snapshot above is
+    # one more): the first unplugged r-3, the others found nothing left.
+    replayed = REPLAYED.findall(node.daemon_log()[log_start:])
+    assert set(queued) <= {os.path.basename(path) for path, _, _ in replayed}, replayed
+    assert {cid for _, cid, _ in replayed} == {sandboxes['r-3']}, replayed
+    assert sorted(outcome for _, _, outcome in replayed) == \
+        ['noop'] * (len(replayed) - 1) + ['success'], replayed
+    assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == len(replayed)
+    assert host_sandboxes(node) == {sandboxes['r-1'], sandboxes['r-2']}
+    assert helpers.binding(node, 'default/r-3') is None
     assert helpers.metric(node, 'kuryr_cni_attachments') == 2
     before = requests(node)
     assert_connected(node, controller, running['r-1'], running['r-2'])
