@@ -26,6 +26,10 @@ from tools.testbed import shim
 BRIDGE = 'kuryr-br0'
 SUBNET_PREFIX = '10.10.0'
 GATEWAY = SUBNET_PREFIX + '.1'
+# The gateway's MAC, set on the bridge: a Linux bridge without one takes the lowest
+# MAC of its ports, which changes as pods come and go, and the pods' ARP entries for
+# the gateway then name a MAC nobody has until they expire (pings lost for seconds).
+GATEWAY_MAC = '02:00:0a:0a:00:01'
 NODE = 'node-1'
 
 
@@ -54,6 +58,7 @@ class Host:
             ip('-n', self.ns, 'link', 'set', 'lo', 'up')
         if bridge:
             ip('-n', self.ns, 'link', 'add', BRIDGE, 'type', 'bridge')
+            ip('-n', self.ns, 'link', 'set', BRIDGE, 'address', GATEWAY_MAC)
             ip('-n', self.ns, 'addr', 'add', GATEWAY + '/24', 'dev', BRIDGE)
             ip('-n', self.ns, 'link', 'set', BRIDGE, 'up')
 
