@@ -22,9 +22,14 @@ the daemon's metrics and state as the functional tier's helpers do.
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
+import time
+
+from kubernetes import client
+from kubernetes import watch
 
 from kuryr_cni import ctl
 from tools.testbed import host as testhost
@@ -48,6 +53,8 @@ NODE_NAME = 'kuryr-node-1'
 KUBELET_FLAGS = ('--kube-api-qps=100', '--kube-api-burst=200', '--event-qps=100',
                  '--event-burst=200')
 NOTHING = dict(helpers.NOTHING, queued=[])
+WATCH_SECONDS = 30      # the longest watch request of Pods.until
+WATCH_SLACK = 10        # seconds more for an answer to reach the test
 
 
 def missing():
@@ -309,19 +316,22 @@ class Pods:
         """Until every pod named runs its container; ``{name: pod}``."""
         names = set(names)
 
-        def running():
-            pods = {p['metadata']['name']: p for p in self.on_node()
-                    if p['metadata']['name'] in names}
-            return pods if len(pods) == len(names) and all(map(is_running, pods.values())) \
+        def running(pods):
+            named = {name: pods[name] for name in names & set(pods)}
+            return named if len(named) == len(names) and all(map(is_running, named.values())) \
                 else None
-        return wait.until(running, timeout, 'pods %s to run' % sorted(names), interval=0.2)
+        return self.until(running, timeout, 'pods %s to run' % sorted(names))
 
     def running(self, name, uid=None):
         """The pod ``name`` (of ``uid``, if given) if it runs, else None."""
-        pod = self.get(name)
-        if pod is None or (uid is not None and pod['metadata']['uid'] != uid):
-            return None
-        return pod if is_running(pod) else None
+        return _running(self.get(name), uid)
+
+    def wait_running_as(self, name, what, timeout, uid=None, judge=lambda pod: True):
+        """Until the pod ``name`` (of ``uid``, if given) runs and ``judge(pod)``; the pod."""
+        def wanted(pods):
+            pod = _running(pods.get(name), uid)
+            return pod if pod and judge(pod) else None
+        return self.until(wanted, timeout, what)
 
     def delete(self, name, grace=None, uid=None):
         kwargs = {} if grace is None else {'grace_period_seconds': grace}
@@ -331,8 +341,57 @@ class Pods:
 
     def wait_gone(self, names, timeout=120):
         names = set(names)
-        wait.until(lambda: not names & {p['metadata']['name'] for p in self.on_node()},
-                   timeout, 'pods %s to be gone' % sorted(names), interval=0.2)
+        self.until(lambda pods: not names & set(pods), timeout,
+                   'pods %s to be gone' % sorted(names))
+
+    def until(self, judge, timeout, what):
+        """Until ``judge({name: pod})``, of the node's pods in ``default``, is true; that.
+
+        Judged on a list, then again on each event of a watch from it: kubelet's
+        status writes wake the test, which never polls the API server (the pods
+        of a burst, listed five times a second, would load it and the machine).
+        """
+        return self.cluster.submit(self._follow, judge, timeout, what).result(
+            timeout + WATCH_SECONDS + WATCH_SLACK)
+
+    def _follow(self, judge, timeout, what):
+        deadline = time.monotonic() + timeout
+        selector = 'spec.nodeName=' + self.node.name
+        version = None
+        while True:
+            if version is None:
+                listed = _json_of(self.core.list_namespaced_pod(
+                    'default', field_selector=selector, _preload_content=False))
+                pods = {p['metadata']['name']: p for p in listed['items']}
+                version = listed['metadata']['resourceVersion']
+            outcome = judge(pods)
+            if outcome:
+                return outcome
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError('timed out after %ss waiting for %s' % (timeout, what))
+            try:
+                for event in watch.Watch().stream(
+                        self.core.list_namespaced_pod, 'default', field_selector=selector,
+                        resource_version=version,
+                        timeout_seconds=max(1, min(math.ceil(remaining), WATCH_SECONDS)),
+                        _request_timeout=WATCH_SECONDS + WATCH_SLACK):
+                    pod = event['raw_object']
+                    if event['type'] == 'ERROR':
+                        version = None
+                        break
+                    version = pod['metadata']['resourceVersion']
+                    if event['type'] == 'DELETED':
+                        pods.pop(pod['metadata']['name'], None)
+                    else:
+                        pods[pod['metadata']['name']] = pod
+                    outcome = judge(pods)
+                    if outcome:
+                        return outcome
+            except client.exceptions.ApiException as exc:
+                if exc.status != 410:       # expired: list again
+                    raise
+                version = None
 
     def delete_all(self):
         names = [p['metadata']['name'] for p in self.on_node()]
@@ -340,6 +399,20 @@ class Pods:
             with contextlib.suppress(Exception):
                 self.delete(name)
         self.wait_gone(names)
+
+
+def _running(pod, uid=None):
+    """``pod`` if it is of ``uid`` (if given) and runs, else None."""
+    if pod is None or (uid is not None and pod['metadata']['uid'] != uid):
+        return None
+    return pod if is_running(pod) else None
+
+
+def _json_of(response):
+    try:
+        return json.loads(response.read())
+    finally:
+        response.release_conn()
 
 
 def is_running(pod):

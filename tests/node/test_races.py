@@ -59,8 +59,8 @@ def test_a_pod_re_created_under_its_name(cluster, node, controller, pods):
     pods.delete('again', grace=0)
     new = pods.create('again')
     assert new['metadata']['uid'] != old['metadata']['uid']
-    new = wait.until(lambda: pods.running('again', new['metadata']['uid']),
-                     60, 'the new incarnation to run', interval=0.2)
+    new = pods.wait_running_as('again', 'the new incarnation to run', 60,
+                               uid=new['metadata']['uid'])
     assert controller.port(new).ip != old_port.ip
     assert_connected(node, controller, new)
     # The new ADD removed the old incarnation's devices.
@@ -127,10 +127,7 @@ def kill_sandbox(node, pods, pod):
     """Kill ``pod``'s pause process; the new sandbox's ID and the pod once it runs there."""
     dead = node.sandbox_id(pod)
     os.kill(node.sandbox_pid(pod), signal.SIGKILL)
-
-    def restarted():
-        current = pods.running(pod['metadata']['name'])
-        sandbox = current and node.sandbox_id(current)
-        return (sandbox, current) if sandbox and sandbox != dead else None
-    return wait.until(restarted, 90, 'a new sandbox of %s' % pod['metadata']['name'],
-                      interval=0.2)
+    name = pod['metadata']['name']
+    pod = pods.wait_running_as(name, 'a new sandbox of %s' % name, 90,
+                               judge=lambda pod: node.sandbox_id(pod) not in (None, dead))
+    return node.sandbox_id(pod), pod

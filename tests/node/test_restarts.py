@@ -5,7 +5,6 @@ import os
 import re
 import signal
 
-from tests import wait
 from tests.functional import helpers
 from tests.node.checks import assert_connected, delta, host_sandboxes, requests
 
@@ -92,8 +91,7 @@ def test_kubelet_restarted_while_pods_run(node, controller, pods):
     node.start_kubelet()
     node.wait_ready_node()
     # kubelet finds its pods running (its status sync writes them again) and leaves them.
-    wait.until(lambda: all(pods.running(name) for name in sandboxes), 60,
-               'the pods to be reported running again', interval=0.5)
+    pods.wait_running(sandboxes, timeout=60)
     for name in sandboxes:
         pod = pods.running(name)
         assert node.sandbox_id(pod) == sandboxes[name]
