@@ -1,0 +1,158 @@
+"""``python -m tools.bench.profile``: where the daemon's CPU goes during ADDs.
+
+Starts the benchmark's kuryr-cni test host (:class:`tools.bench.systems.KuryrSystem`)
+with every ADD the daemon's workers answer under :mod:`cProfile`, timed by
+each thread's own CPU clock (user and system: a netlink request is handled
+by the kernel in the sender's context), then runs rounds of ``--pods`` ADDs
+at ``--concurrency``, each followed by their DELs; the first round warms up.
+
+Prints the daemon's CPU per ADD by process (from ``/proc``, as the benchmark
+splits it), then the top functions of the workers' request threads, by
+inclusive and by own time, as milliseconds per ADD. The profiler's own cost
+inflates what makes many Python calls; read the shares, not the sums. Needs
+root.
+"""
+
+import argparse
+import collections
+import cProfile
+import glob
+import os
+import pstats
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+from tools.bench import systems as systems_mod
+from tools.testbed import host as testhost
+
+PROFILE_DIR = 'KURYR_CNI_PROFILE_DIR'
+
+
+def _process_cpu(host):
+    """{process title: [user, system] CPU seconds} of the daemon's processes."""
+    cpu = collections.defaultdict(lambda: [0.0, 0.0])
+    for pid, title in host.processes().items():
+        try:
+            with open('/proc/%d/stat' % pid) as f:
+                fields = f.read().rpartition(')')[2].split()
+        except FileNotFoundError:
+            continue
+        name = title.split(':', 1)[-1].strip().split()[0] if ':' in title else 'parent'
+        cpu[name][0] += int(fields[11]) / systems_mod.CLOCK_TICKS
+        cpu[name][1] += int(fields[12]) / systems_mod.CLOCK_TICKS
+    return cpu
+
+
+def run(args, out_dir):
+    os.environ[PROFILE_DIR] = out_dir
+    testhost.daemon_command = lambda: [sys.executable, '-m', 'tools.bench.profile', '--daemon']
+    kuryr = systems_mod.KuryrSystem(args.workers)
+    adds, spent = 0, collections.defaultdict(lambda: [0.0, 0.0])
+    try:
+        for generation in range(args.rounds + 1):
+            sandboxes = kuryr.sandboxes(range(args.pods), generation)
+            before = _process_cpu(kuryr.host)
+            kuryr.run('ADD', sandboxes, args.concurrency)
+            after = _process_cpu(kuryr.host)
+            if generation == 0:
+                for path in glob.glob(os.path.join(out_dir, '*.prof')):
+                    os.unlink(path)     # the warm-up round's
+            else:
+                adds += len(sandboxes)
+                for name, (user, system) in after.items():
+                    spent[name][0] += user - before.get(name, (0, 0))[0]
+                    spent[name][1] += system - before.get(name, (0, 0))[1]
+            kuryr.run('DEL', sandboxes, args.concurrency)
+    finally:
+        kuryr.close()
+    return adds, spent
+
+
+def report(args, adds, spent, out_dir):
+    print('%d ADDs at concurrency %d, %d workers; daemon CPU per ADD (ms), under the profiler:'
+          % (adds, args.concurrency, args.workers))
+    for name, (user, system) in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
+        print('  %-12s user %6.2f  system %6.2f' % (name, 1000 * user / adds,
+                                                    1000 * system / adds))
+    files = glob.glob(os.path.join(out_dir, '*.prof'))
+    if not files:
+        print('no profile was written', file=sys.stderr)
+        return
+    stats = pstats.Stats(*files)
+    total = stats.total_tt
+    print('\nrequest threads: %.2f ms per ADD in all' % (1000 * total / adds))
+    for title, key in (('inclusive', 3), ('own', 2)):
+        print('\nTop %d by %s time (ms per ADD, share):' % (args.top, title))
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][key])[:args.top]
+        for (path, line, func), row in rows:
+            print('  %6.3f  %5.1f%%  %s (%s:%d)' % (
+                1000 * row[key] / adds, 100 * row[key] / total, func, _short(path), line))
+
+
+def _short(path):
+    for marker in ('site-packages/', '/kuryr_cni/', 'lib/python3.11/'):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+def daemon():
+    """The daemon, each ADD profiled in its worker thread, dumped after each."""
+    from kuryr_cni.daemon import api
+    from kuryr_cni.daemon import main as daemon_main
+
+    out_dir = os.environ[PROFILE_DIR]
+    local = threading.local()
+    answer = api.CNIHandler.answer
+
+    def profiled(self, request):
+        if request.path != '/addNetwork':
+            return answer(self, request)
+        if not hasattr(local, 'profile'):
+            local.profile = cProfile.Profile(time.thread_time)
+            local.path = os.path.join(out_dir, '%d-%d.prof'
+                                      % (os.getpid(), threading.get_ident()))
+        local.profile.enable()
+        try:
+            return answer(self, request)
+        finally:
+            local.profile.disable()
+            local.profile.dump_stats(local.path)
+
+    api.CNIHandler.answer = profiled
+    sys.argv[1:] = sys.argv[2:]
+    return daemon_main.main()
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ['--daemon']:
+        return daemon()
+    parser = argparse.ArgumentParser(prog='python -m tools.bench.profile',
+                                     description=__doc__.split('\n\n')[0])
+    parser.add_argument('--pods', type=int, default=50)
+    parser.add_argument('--rounds', type=int, default=6)
+    parser.add_argument('--concurrency', type=int, default=50)
+    parser.add_argument('--workers', type=int, default=4)
+    parser.add_argument('--top', type=int, default=40)
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0 or shutil.which('ip') is None:
+        print('Needs root and iproute2: it builds network namespaces.', file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix='kc-profile-') as out_dir:
+        try:
+            adds, spent = run(args, out_dir)
+        except systems_mod.BenchError as exc:
+            print('Profile failed: %s' % exc, file=sys.stderr)
+            return 1
+        report(args, adds, spent, out_dir)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
