@@ -76,6 +76,7 @@ import pyroute2
 from pyroute2.netlink.exceptions import NetlinkError
 
 from kuryr_cni import errors
+from kuryr_cni import rtnl
 
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703          # ioctl on a namespace file: its CLONE_NEW* type
@@ -96,8 +97,7 @@ class NamespaceNotFound(errors.InvalidEnvironment):
     """The namespace path does not exist (any more)."""
 
 
-class NetlinkTimeout(errors.TryAgainLater):
-    """The kernel did not answer a netlink request in time."""
+NetlinkTimeout = rtnl.NetlinkTimeout
 
 
 def check_netns(path, host=None):
@@ -165,13 +165,40 @@ def iproute(path=None, *, timeout=NETLINK_TIMEOUT, echo=False):
     ends, except one on the daemon's own namespace that no error ended, which
     the thread keeps for its next block (see the module docstring).
     """
-    if path is None:
-        with _kept_handle(timeout, echo) as ipr:
-            yield ipr
-        return
-    handle = _Handle(path, timeout, echo)
-    try:
+    with _handle(path, ('iproute', timeout, echo),
+                 lambda: _Handle(path, timeout, echo)) as handle:
         yield handle.ipr
+
+
+@contextlib.contextmanager
+def channel(path=None, *, timeout=NETLINK_TIMEOUT):
+    """Yield a :class:`kuryr_cni.rtnl.Channel` bound to a network namespace.
+
+    As :func:`iproute` (``path``, ``timeout``, a kept channel on the daemon's
+    own namespace), for the batched requests of plugging.
+    """
+    def make():
+        sock = socket_in(path, socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
+        try:
+            sock.setsockopt(_SOL_NETLINK, _NETLINK_EXT_ACK, 1)
+            return rtnl.Channel(sock, timeout, _where(path))
+        except BaseException:
+            sock.close()
+            raise
+    with _handle(path, ('channel', timeout), make) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def _handle(path, key, make):
+    """A new handle from ``make()`` on ``path``, closed after; on None, the thread's kept one."""
+    if path is None:
+        with _kept_handle(key, make) as handle:
+            yield handle
+        return
+    handle = make()
+    try:
+        yield handle
     finally:
         handle.close()
 
@@ -181,8 +208,7 @@ class _Handle:
 
     def __init__(self, path, timeout, echo):
         self.sock = socket_in(path, socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
-        self.loop = _BoundedLoop(timeout, 'the daemon\'s own namespace' if path is None
-                                 else 'network namespace %s' % _describe(path))
+        self.loop = _BoundedLoop(timeout, _where(path))
         self.ipr = None
         try:
             self.sock.setsockopt(_SOL_NETLINK, _NETLINK_EXT_ACK, 1)
@@ -206,7 +232,7 @@ class _KeptHandles(threading.local):
     """The calling thread's idle handles on the daemon's own namespace."""
 
     def __init__(self):
-        self.idle = {}      # (timeout, echo) -> _Handle
+        self.idle = {}      # key -> handle
 
 
 _kept = _KeptHandles()
@@ -223,19 +249,19 @@ os.register_at_fork(after_in_child=_forget_kept_handles)
 
 
 @contextlib.contextmanager
-def _kept_handle(timeout, echo):
+def _kept_handle(key, make):
     idle = _kept.idle
     # Taken out while in use, so a nested block on the same thread opens its own.
-    handle = idle.pop((timeout, echo), None) or _Handle(None, timeout, echo)
+    handle = idle.pop(key, None) or make()
     try:
-        yield handle.ipr
+        yield handle
     except BaseException:
         handle.close()
         raise
-    if (timeout, echo) in idle:
+    if key in idle:
         handle.close()      # a nested block kept one already
     else:
-        idle[(timeout, echo)] = handle
+        idle[key] = handle
 
 
 def link_names(path, host=None):
@@ -297,6 +323,11 @@ def _proc_net_address(text):
     raw = b''.join(int(text[i:i + 8], 16).to_bytes(4, sys.byteorder)
                    for i in range(0, len(text), 8))
     return str(ipaddress.ip_address(raw))
+
+
+def link_index(name, path):
+    """The index of device ``name`` in namespace ``path`` (a path, a descriptor, None: here)."""
+    return _call_in(path, lambda: socket.if_nametoindex(name))
 
 
 def device_names(path=None):
@@ -478,6 +509,11 @@ def _describe(path):
     return 'fd %d' % path if isinstance(path, int) else path
 
 
+def _where(path):
+    return ('the daemon\'s own namespace' if path is None
+            else 'network namespace %s' % _describe(path))
+
+
 class _BoundedLoop(asyncio.SelectorEventLoop):
     """An event loop whose every ``run_until_complete`` step has a deadline.
 
@@ -525,6 +561,17 @@ def kernel_errors(action):
         raise
     except (NetlinkError, OSError) as exc:
         raise errors.BindingFailed('failed to %s' % action, describe(exc)) from exc
+
+
+def check_answers(requests):
+    """Raise what :func:`kernel_errors` makes of the first refused request of a batch.
+
+    ``requests``: :class:`kuryr_cni.rtnl.Request` objects a channel has sent.
+    """
+    for request in requests:
+        if request.error is not None:
+            raise errors.BindingFailed('failed to %s' % request.action,
+                                       describe(request.error)) from request.error
 
 
 def describe(exc):
