@@ -9,7 +9,11 @@ at ``--concurrency``, each followed by their DELs; the first round warms up.
 Prints the daemon's CPU per ADD by process (from ``/proc``, as the benchmark
 splits it), then the top functions of the workers' request threads, by
 inclusive and by own time, as milliseconds per ADD. The profiler's own cost
-inflates what makes many Python calls; read the shares, not the sums. Needs
+inflates what makes many Python calls; read the shares, not the sums.
+
+``--stages`` times instead only the steps of an ADD listed in ``STAGES``
+(each thread's CPU clock read on entry and exit, nothing else): true
+milliseconds per ADD, inclusive, with the profiler's cost kept out. Needs
 root.
 """
 
@@ -30,6 +34,33 @@ from tools.bench import systems as systems_mod
 from tools.testbed import host as testhost
 
 PROFILE_DIR = 'KURYR_CNI_PROFILE_DIR'
+STAGES_MODE = 'KURYR_CNI_PROFILE_STAGES'
+MEASURING = 'measuring'     # made in the profile directory once the warm-up is over
+# (module, attribute path) of the steps --stages times, outermost first.
+STAGES = (
+    ('kuryr_cni.daemon.api', 'CNIHandler.answer'),
+    ('kuryr_cni.cni.request', 'parse'),
+    ('kuryr_cni.daemon.api', '_log_request'),
+    ('kuryr_cni.ownership', 'Ownership.add'),
+    ('kuryr_cni.ownership', 'Ownership._wait'),
+    ('kuryr_cni.ownership', 'Ownership._claim_and_plug'),
+    ('kuryr_cni.ownership', 'Ownership._admit'),
+    ('kuryr_cni.ownership', 'Ownership._refuse_foreign_ifname'),
+    ('kuryr_cni.ownership', 'Ownership._save'),
+    ('kuryr_cni.state', 'BindingStore.save'),
+    ('kuryr_cni.binding.bridge', 'BridgeDriver.connect'),
+    ('kuryr_cni.binding.bridge', 'BridgeDriver._create_veth'),
+    ('kuryr_cni.binding.bridge', 'BridgeDriver._finish_host_end'),
+    ('kuryr_cni.binding.podside', 'configure'),
+    ('kuryr_cni.rtnl', 'Channel.send'),
+    ('pyroute2.netlink.rtnl.ifinfmsg', 'ifinfmsg.encode'),
+    ('pyroute2.netlink.rtnl.ifaddrmsg', 'ifaddrmsg.encode'),
+    ('pyroute2.netlink.rtnl.rtmsg', 'rtmsg.encode'),
+    ('kuryr_cni.cni.result', 'build'),
+    ('kuryr_cni.metrics', 'observe_request'),
+    ('kuryr_cni.metrics', 'in_flight'),
+    ('kuryr_cni.metrics', 'vif_waited'),
+)
 
 
 def _process_cpu(host):
@@ -49,6 +80,8 @@ def _process_cpu(host):
 
 def run(args, out_dir):
     os.environ[PROFILE_DIR] = out_dir
+    if args.stages:
+        os.environ[STAGES_MODE] = '1'
     testhost.daemon_command = lambda: [sys.executable, '-m', 'tools.bench.profile', '--daemon']
     kuryr = systems_mod.KuryrSystem(args.workers)
     adds, spent = 0, collections.defaultdict(lambda: [0.0, 0.0])
@@ -59,8 +92,8 @@ def run(args, out_dir):
             kuryr.run('ADD', sandboxes, args.concurrency)
             after = _process_cpu(kuryr.host)
             if generation == 0:
-                for path in glob.glob(os.path.join(out_dir, '*.prof')):
-                    os.unlink(path)     # the warm-up round's
+                # From now on the daemon's ADDs count (see _measuring).
+                open(os.path.join(out_dir, MEASURING), 'w').close()
             else:
                 adds += len(sandboxes)
                 for name, (user, system) in after.items():
@@ -78,6 +111,16 @@ def report(args, adds, spent, out_dir):
     for name, (user, system) in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
         print('  %-12s user %6.2f  system %6.2f' % (name, 1000 * user / adds,
                                                     1000 * system / adds))
+    if args.stages:
+        totals = collections.Counter()
+        for path in glob.glob(os.path.join(out_dir, '*.stages')):
+            with open(path) as f:
+                totals.update({k: float(v) for k, v in (line.split() for line in f)})
+        print('\nADD steps, thread CPU (user and system) per ADD, inclusive:')
+        for module, name in STAGES:
+            key = '%s.%s' % (module.rpartition('.')[2], name)
+            print('  %6.3f ms  %s' % (1000 * totals[key] / adds, key))
+        return
     files = glob.glob(os.path.join(out_dir, '*.prof'))
     if not files:
         print('no profile was written', file=sys.stderr)
@@ -108,9 +151,13 @@ def daemon():
     out_dir = os.environ[PROFILE_DIR]
     local = threading.local()
     answer = api.CNIHandler.answer
+    if os.environ.get(STAGES_MODE):
+        _time_stages(out_dir, local)
+        sys.argv[1:] = sys.argv[2:]
+        return daemon_main.main()
 
     def profiled(self, request):
-        if request.path != '/addNetwork':
+        if not _measuring(request, out_dir):
             return answer(self, request)
         if not hasattr(local, 'profile'):
             local.profile = cProfile.Profile(time.thread_time)
@@ -128,6 +175,57 @@ def daemon():
     return daemon_main.main()
 
 
+def _time_stages(out_dir, local):
+    """Wrap every STAGES function: thread CPU spent inside it during ADDs, dumped per thread."""
+    import importlib
+
+    def timed(key, function, dump):
+        def wrapper(*args, **kwargs):
+            if not getattr(local, 'in_add', False):
+                return function(*args, **kwargs)
+            started = time.thread_time()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                local.spent[key] += time.thread_time() - started
+                if dump:
+                    with open(local.path, 'w') as f:
+                        f.writelines('%s %r\n' % item for item in local.spent.items())
+        return wrapper
+
+    for position, (module_name, name) in enumerate(STAGES):
+        owner = importlib.import_module(module_name)
+        *outer, attribute = name.split('.')
+        for part in outer:
+            owner = getattr(owner, part)
+        key = '%s.%s' % (module_name.rpartition('.')[2], name)
+        wrapped = timed(key, getattr(owner, attribute), dump=position == 0)
+        if position == 0:
+            wrapped = _marking_adds(wrapped, local, out_dir)
+        setattr(owner, attribute, wrapped)
+
+
+def _measuring(request, out_dir):
+    """Whether ``request`` is an ADD past the warm-up."""
+    return request.path == '/addNetwork' and os.path.exists(os.path.join(out_dir, MEASURING))
+
+
+def _marking_adds(answer, local, out_dir):
+    def marked(self, request):
+        if not _measuring(request, out_dir):
+            return answer(self, request)
+        if not hasattr(local, 'spent'):
+            local.spent = collections.Counter()
+            local.path = os.path.join(out_dir, '%d-%d.stages'
+                                      % (os.getpid(), threading.get_ident()))
+        local.in_add = True
+        try:
+            return answer(self, request)
+        finally:
+            local.in_add = False
+    return marked
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ['--daemon']:
@@ -139,6 +237,8 @@ def main(argv=None):
     parser.add_argument('--concurrency', type=int, default=50)
     parser.add_argument('--workers', type=int, default=4)
     parser.add_argument('--top', type=int, default=40)
+    parser.add_argument('--stages', action='store_true',
+                        help='time the steps of STAGES only, without cProfile')
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or shutil.which('ip') is None:
         print('Needs root and iproute2: it builds network namespaces.', file=sys.stderr)
