@@ -36,6 +36,7 @@ from tools.testbed import host as testhost
 PROFILE_DIR = 'KURYR_CNI_PROFILE_DIR'
 STAGES_MODE = 'KURYR_CNI_PROFILE_STAGES'
 MEASURING = 'measuring'     # made in the profile directory once the warm-up is over
+LOOP = 'server.BoundedServer._turn'
 # (module, attribute path) of the steps --stages times, outermost first.
 STAGES = (
     ('kuryr_cni.daemon.api', 'CNIHandler.answer'),
@@ -120,6 +121,8 @@ def report(args, adds, spent, out_dir):
         for module, name in STAGES:
             key = '%s.%s' % (module.rpartition('.')[2], name)
             print('  %6.3f ms  %s' % (1000 * totals[key] / adds, key))
+        print('  %6.3f ms  %s, per request (the DELs between ADDs alike)'
+              % (1000 * totals[LOOP] / (2 * adds), LOOP))
         return
     files = glob.glob(os.path.join(out_dir, '*.prof'))
     if not files:
@@ -203,6 +206,31 @@ def _time_stages(out_dir, local):
         if position == 0:
             wrapped = _marking_adds(wrapped, local, out_dir)
         setattr(owner, attribute, wrapped)
+    _time_loop(out_dir)
+
+
+def _time_loop(out_dir):
+    """Thread CPU of the server loops' turns (every request's, ADD or DEL), per process."""
+    from kuryr_cni.daemon import server
+
+    turn = server.BoundedServer._turn
+    spent = [0.0, 0]
+    path = os.path.join(out_dir, '%d-loop.stages' % os.getpid())
+
+    def timed_turn(self, *args):
+        if not os.path.exists(os.path.join(out_dir, MEASURING)):
+            return turn(self, *args)
+        started = time.thread_time()
+        try:
+            return turn(self, *args)
+        finally:
+            spent[0] += time.thread_time() - started
+            spent[1] += 1
+            if spent[1] % 20 == 0:
+                with open(path, 'w') as f:
+                    f.write('%s %r\n' % (LOOP, spent[0]))
+
+    server.BoundedServer._turn = timed_turn
 
 
 def _measuring(request, out_dir):
