@@ -3,7 +3,8 @@
 Everything in the daemon that touches a namespace other than its own goes
 through this module: validating a ``CNI_NETNS`` path (:func:`check_netns`),
 opening a checked descriptor of one (:func:`open_netns`), a netlink handle
-bound to one (:func:`iproute`) and any other socket created inside one
+bound to one (:func:`iproute`, or :func:`channel` for the batched requests of
+plugging, :mod:`kuryr_cni.rtnl`) and any other socket created inside one
 (:func:`socket_in`). No namespace is ever created here, and no netlink request
 is sent before the namespace path has been checked.
 
@@ -40,7 +41,8 @@ worker forever). :func:`iproute` therefore hands pyroute2 (through its public
 ``use_event_loop`` argument) an event loop whose ``run_until_complete`` wraps
 every step in :func:`asyncio.wait_for`; a request that gets no answer within
 the timeout raises :class:`NetlinkTimeout` (CNI code 11, try again later), and
-the handle must then be dropped (leaving the ``with`` block does it). The
+the handle must then be dropped (leaving the ``with`` block does it). A
+:func:`channel` waits on a blocking socket with the same timeout. The
 timeout bounds the wait for the kernel's answer; it cannot interrupt a
 ``sendmsg`` blocked inside the kernel (e.g. on the RTNL lock), which no user
 space tool can.
@@ -51,12 +53,12 @@ Handles on the daemon's own namespace are kept
 Opening a handle costs ~0.4 ms of CPU (pyroute2 builds its marshal, request
 proxy and asyncio transport each time), which was a tenth of a DEL. The
 daemon's own namespace never changes under a process, so :func:`iproute`
-with no path keeps the handle for the calling thread's next block; a block
-that raises closes it instead (a timed-out request may still be answered
-later), and a child process forgets what its parent kept (a netlink socket
-shared across a fork would see the other process's answers). Handles on
-other namespaces are closed when their block ends: a path may name another
-namespace tomorrow.
+(and :func:`channel`) with no path keeps the handle for the calling thread's
+next block; a block that raises closes it instead (a timed-out request may
+still be answered later), and a child process forgets what its parent kept
+(a netlink socket shared across a fork would see the other process's
+answers). Handles on other namespaces are closed when their block ends: a
+path may name another namespace tomorrow.
 """
 
 import asyncio
