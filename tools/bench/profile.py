@@ -197,10 +197,14 @@ def _time_stages(out_dir, local):
         return wrapper
 
     for position, (module_name, name) in enumerate(STAGES):
-        owner = importlib.import_module(module_name)
         *outer, attribute = name.split('.')
-        for part in outer:
-            owner = getattr(owner, part)
+        try:
+            owner = importlib.import_module(module_name)
+            for part in outer:
+                owner = getattr(owner, part)
+            getattr(owner, attribute)
+        except (ImportError, AttributeError):
+            continue        # a step this version of the daemon does not have
         key = '%s.%s' % (module_name.rpartition('.')[2], name)
         wrapped = timed(key, getattr(owner, attribute), dump=position == 0)
         if position == 0:
