@@ -60,11 +60,10 @@ class VIF:
         return tuple(b for b in (self.bridge, self.integration_bridge) if b is not None)
 
     def to_dict(self):
-        # Field by field: dataclasses.asdict deep-copies, a tenth of a binding write.
-        d = {name: getattr(self, name) for name in _FIELD_ORDER}
+        d = dataclasses.asdict(self)
         d['ips'] = list(self.ips)
         d['gateways'] = list(self.gateways)
-        d['routes'] = [{'dst': r.dst, 'gw': r.gw} for r in self.routes]
+        d['routes'] = [dataclasses.asdict(r) for r in self.routes]
         if d['integration_bridge'] is None:
             del d['integration_bridge']     # records of other kinds stay as before it existed
         return d
@@ -85,8 +84,7 @@ def inactive_note(vifs):
     return ' (inactive: %s)' % ', '.join(inactive) if inactive else ''
 
 
-_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(VIF))
-_FIELDS = frozenset(_FIELD_ORDER)
+_FIELDS = frozenset(f.name for f in dataclasses.fields(VIF))
 # Fields added after records were first written: a record may lack them.
 _LATER_FIELDS = frozenset({'integration_bridge'})
 
