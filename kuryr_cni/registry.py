@@ -5,10 +5,10 @@ It holds four small tables:
 * ``pods``: what the watcher sees, ``"ns/name" -> {uid, vifs, error, deleting}``;
 * ``bindings``: a summary of each persisted pod binding (the files under
   ``state_dir`` are authoritative and whole; the summaries serve look-ups by
-  container ID and by address, and counts), and the addresses ADDs in flight
-  reserved;
+  container ID and by address, and counts), and the ADDs in flight (when
+  each started, which came last for each pod, the addresses each reserved);
 * ``status``: daemon health facts (:class:`StatusTable`: processes and their
-  heartbeats, watcher sync, ADDs in flight, ...);
+  heartbeats, watcher sync, ...);
 * ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``.
 
 Each table is an object living in the Manager process whose methods run there
@@ -102,10 +102,8 @@ class StatusTable:
     workers whether their connections are at the cap; the parent records the
     heartbeat timeout, the watcher its sync state and the moment of its last
     watch activity; the parent asks for a mirror resync when a CNI worker
-    died.
-    Times are ``time.monotonic()`` readings (one clock for every process of
-    the machine, never stepped): a wall clock stepped forward would make ADDs
-    in flight look dead to a GC.
+    died. Times are ``time.monotonic()`` readings (one clock for every
+    process of the machine, never stepped).
     """
 
     def __init__(self):
@@ -265,16 +263,12 @@ class BindingTable(_Table):
                     self._newest_add = {key: entry for key, entry in self._newest_add.items()
                                         if now - entry[1] < NEWEST_ADD_TTL}
 
-    def newest_add(self, pod):
+    def _newest(self, pod):
         """The container ID of the ADD for ``pod`` that started last, or None when unknown.
 
         An ADD that started earlier must not claim the pod: the runtime has
         given up on its sandbox for the newer one (DESIGN §1).
         """
-        with self._lock:
-            return self._newest(pod)
-
-    def _newest(self, pod):
         entry = self._newest_add.get(pod)
         return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
 
@@ -282,7 +276,7 @@ class BindingTable(_Table):
         """Judge the ADD of ``container_id`` to ``pod``: ``(newest, taken)``.
 
         ``newest``: the container ID of the pod's newest ADD (see
-        :meth:`newest_add`); when it is another, the ADD is superseded and
+        :meth:`_newest`); when it is another, the ADD is superseded and
         nothing is reserved. Otherwise ``taken`` is what
         :meth:`reserve_addresses` returns for ``addresses``. One call, under
         one lock hold.

@@ -169,10 +169,6 @@ def wanted_routes(vif, plug):
     return wanted
 
 
-def family(network):
-    return socket.AF_INET if network.version == 4 else socket.AF_INET6
-
-
 def get_link(ipr, ifname):
     """The link message of ``ifname``, or None when there is no such device."""
     try:
