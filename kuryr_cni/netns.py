@@ -3,7 +3,8 @@
 Everything in the daemon that touches a namespace other than its own goes
 through this module: validating a ``CNI_NETNS`` path (:func:`check_netns`),
 opening a checked descriptor of one (:func:`open_netns`), a netlink handle
-bound to one (:func:`iproute`) and any other socket created inside one
+bound to one (:func:`iproute`, or :func:`channel` for the batched requests of
+plugging, :mod:`kuryr_cni.rtnl`) and any other socket created inside one
 (:func:`socket_in`). No namespace is ever created here, and no netlink request
 is sent before the namespace path has been checked.
 
@@ -40,7 +41,8 @@ worker forever). :func:`iproute` therefore hands pyroute2 (through its public
 ``use_event_loop`` argument) an event loop whose ``run_until_complete`` wraps
 every step in :func:`asyncio.wait_for`; a request that gets no answer within
 the timeout raises :class:`NetlinkTimeout` (CNI code 11, try again later), and
-the handle must then be dropped (leaving the ``with`` block does it). The
+the handle must then be dropped (leaving the ``with`` block does it). A
+:func:`channel` waits on a blocking socket with the same timeout. The
 timeout bounds the wait for the kernel's answer; it cannot interrupt a
 ``sendmsg`` blocked inside the kernel (e.g. on the RTNL lock), which no user
 space tool can.
@@ -51,12 +53,12 @@ Handles on the daemon's own namespace are kept
 Opening a handle costs ~0.4 ms of CPU (pyroute2 builds its marshal, request
 proxy and asyncio transport each time), which was a tenth of a DEL. The
 daemon's own namespace never changes under a process, so :func:`iproute`
-with no path keeps the handle for the calling thread's next block; a block
-that raises closes it instead (a timed-out request may still be answered
-later), and a child process forgets what its parent kept (a netlink socket
-shared across a fork would see the other process's answers). Handles on
-other namespaces are closed when their block ends: a path may name another
-namespace tomorrow.
+(and :func:`channel`) with no path keeps the handle for the calling thread's
+next block; a block that raises closes it instead (a timed-out request may
+still be answered later), and a child process forgets what its parent kept
+(a netlink socket shared across a fork would see the other process's
+answers). Handles on other namespaces are closed when their block ends: a
+path may name another namespace tomorrow.
 """
 
 import asyncio
@@ -76,6 +78,7 @@ import pyroute2
 from pyroute2.netlink.exceptions import NetlinkError
 
 from kuryr_cni import errors
+from kuryr_cni import rtnl
 
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703          # ioctl on a namespace file: its CLONE_NEW* type
@@ -96,8 +99,7 @@ class NamespaceNotFound(errors.InvalidEnvironment):
     """The namespace path does not exist (any more)."""
 
 
-class NetlinkTimeout(errors.TryAgainLater):
-    """The kernel did not answer a netlink request in time."""
+NetlinkTimeout = rtnl.NetlinkTimeout
 
 
 def check_netns(path, host=None):
@@ -165,13 +167,40 @@ def iproute(path=None, *, timeout=NETLINK_TIMEOUT, echo=False):
     ends, except one on the daemon's own namespace that no error ended, which
     the thread keeps for its next block (see the module docstring).
     """
-    if path is None:
-        with _kept_handle(timeout, echo) as ipr:
-            yield ipr
-        return
-    handle = _Handle(path, timeout, echo)
-    try:
+    with _handle(path, ('iproute', timeout, echo),
+                 lambda: _Handle(path, timeout, echo)) as handle:
         yield handle.ipr
+
+
+@contextlib.contextmanager
+def channel(path=None, *, timeout=NETLINK_TIMEOUT):
+    """Yield a :class:`kuryr_cni.rtnl.Channel` bound to a network namespace.
+
+    As :func:`iproute` (``path``, ``timeout``, a kept channel on the daemon's
+    own namespace), for the batched requests of plugging.
+    """
+    def make():
+        sock = socket_in(path, socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
+        try:
+            sock.setsockopt(_SOL_NETLINK, _NETLINK_EXT_ACK, 1)
+            return rtnl.Channel(sock, timeout, _where(path))
+        except BaseException:
+            sock.close()
+            raise
+    with _handle(path, ('channel', timeout), make) as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def _handle(path, key, make):
+    """A new handle from ``make()`` on ``path``, closed after; on None, the thread's kept one."""
+    if path is None:
+        with _kept_handle(key, make) as handle:
+            yield handle
+        return
+    handle = make()
+    try:
+        yield handle
     finally:
         handle.close()
 
@@ -181,8 +210,7 @@ class _Handle:
 
     def __init__(self, path, timeout, echo):
         self.sock = socket_in(path, socket.AF_NETLINK, socket.SOCK_DGRAM, socket.NETLINK_ROUTE)
-        self.loop = _BoundedLoop(timeout, 'the daemon\'s own namespace' if path is None
-                                 else 'network namespace %s' % _describe(path))
+        self.loop = _BoundedLoop(timeout, _where(path))
         self.ipr = None
         try:
             self.sock.setsockopt(_SOL_NETLINK, _NETLINK_EXT_ACK, 1)
@@ -206,7 +234,7 @@ class _KeptHandles(threading.local):
     """The calling thread's idle handles on the daemon's own namespace."""
 
     def __init__(self):
-        self.idle = {}      # (timeout, echo) -> _Handle
+        self.idle = {}      # key -> handle
 
 
 _kept = _KeptHandles()
@@ -223,19 +251,19 @@ os.register_at_fork(after_in_child=_forget_kept_handles)
 
 
 @contextlib.contextmanager
-def _kept_handle(timeout, echo):
+def _kept_handle(key, make):
     idle = _kept.idle
     # Taken out while in use, so a nested block on the same thread opens its own.
-    handle = idle.pop((timeout, echo), None) or _Handle(None, timeout, echo)
+    handle = idle.pop(key, None) or make()
     try:
-        yield handle.ipr
+        yield handle
     except BaseException:
         handle.close()
         raise
-    if (timeout, echo) in idle:
+    if key in idle:
         handle.close()      # a nested block kept one already
     else:
-        idle[(timeout, echo)] = handle
+        idle[key] = handle
 
 
 def link_names(path, host=None):
@@ -297,6 +325,11 @@ def _proc_net_address(text):
     raw = b''.join(int(text[i:i + 8], 16).to_bytes(4, sys.byteorder)
                    for i in range(0, len(text), 8))
     return str(ipaddress.ip_address(raw))
+
+
+def link_index(name, path):
+    """The index of device ``name`` in namespace ``path`` (a path, a descriptor, None: here)."""
+    return _call_in(path, lambda: socket.if_nametoindex(name))
 
 
 def device_names(path=None):
@@ -478,6 +511,11 @@ def _describe(path):
     return 'fd %d' % path if isinstance(path, int) else path
 
 
+def _where(path):
+    return ('the daemon\'s own namespace' if path is None
+            else 'network namespace %s' % _describe(path))
+
+
 class _BoundedLoop(asyncio.SelectorEventLoop):
     """An event loop whose every ``run_until_complete`` step has a deadline.
 
@@ -525,6 +563,17 @@ def kernel_errors(action):
         raise
     except (NetlinkError, OSError) as exc:
         raise errors.BindingFailed('failed to %s' % action, describe(exc)) from exc
+
+
+def check_answers(requests):
+    """Raise what :func:`kernel_errors` makes of the first refused request of a batch.
+
+    ``requests``: :class:`kuryr_cni.rtnl.Request` objects a channel has sent.
+    """
+    for request in requests:
+        if request.error is not None:
+            raise errors.BindingFailed('failed to %s' % request.action,
+                                       describe(request.error)) from request.error
 
 
 def describe(exc):

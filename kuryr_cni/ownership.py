@@ -61,7 +61,7 @@ class Ownership:
     def add(self, req, deadline):
         self.kernel.check_netns(req.netns)
         pod = req.pod
-        self.registry.status.add_started(req.container_id, time.monotonic(), pod.key)
+        self.registry.bindings.add_started(req.container_id, time.monotonic(), pod.key)
         try:
             wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
@@ -77,8 +77,7 @@ class Ownership:
             metrics.vif_waited(waited)
             return result
         finally:
-            self.registry.status.add_finished(req.container_id)
-            self.registry.bindings.release_addresses(req.container_id)
+            self.registry.bindings.add_finished(req.container_id)
 
     def _claim_and_plug(self, req, vifs, deadline):
         """Claim the pod for ``req``'s sandbox, evict the others and plug ``vifs``.
@@ -90,10 +89,9 @@ class Ownership:
         with self.locks.hold(req.pod.key, deadline) as remove_lock:
             binding = self._load(req.pod.key)
             try:
-                self._refuse_superseded(req)
+                self._admit(req, vifs, deadline)
                 self._refuse_moved_sandbox(binding, req)
                 free_names = self._refuse_foreign_ifname(binding, req)
-                self._admit(req, vifs, deadline)
             except errors.CNIError:
                 if not binding.sandboxes:
                     remove_lock()   # a refused first ADD leaves no trace
@@ -109,30 +107,38 @@ class Ownership:
                 raise
 
     def _admit(self, req, vifs, deadline):
-        """Refuse VIFs the node's binding policy forbids, or whose MAC or IP another
-        pod of the node holds; else reserve those addresses for this ADD.
+        """Refuse VIFs the node's binding policy forbids, an ADD overtaken by a newer
+        sandbox's, and VIFs whose MAC or IP another pod of the node holds; else
+        reserve those addresses for this ADD.
 
         Asked before the claim, so a refused ADD changes nothing (DESIGN §4.3).
+        Claims follow the order ADDs arrived in, not the order they get the
+        lock: an older ADD still waiting for its VIFs (one the runtime gave up
+        on) must not take the pod from the sandbox the runtime moved on to.
         The reservation makes the address check and the recording of the
         attachment one step for other pods' ADDs (they see one or the other);
-        it ends when this ADD does.
+        it ends when this ADD does. Order and addresses are one registry call.
         """
         try:
             for vif in vifs.values():
                 self.kernel.admit(vif)
-            addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
-            taken = self.registry.bindings.reserve_addresses(
-                req.container_id, req.pod.key, addresses, deadline)
-            if taken:
-                # The error reaches the pod's Events: it names no other pod.
-                LOG.warning('Pod %s: %s', req.pod.key, ', '.join(
-                    '%s is bound to pod %s' % item for item in sorted(taken.items())))
-                raise errors.AddressTaken('%s bound to another pod of this node'
-                                          % ', '.join(sorted(taken)))
         except errors.VIFNotAllowed as exc:
             LOG.warning('Refused ADD of pod %s, sandbox %s: %s (%s)',
                         req.pod.key, req.container_id, exc.msg, exc.details)
             raise
+        addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
+        newest, taken = self.registry.bindings.admit_add(
+            req.container_id, req.pod.key, addresses, deadline)
+        if newest not in (None, req.container_id):
+            raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
+                                       'whose ADD came later' % (req.container_id, req.pod.key,
+                                                                 newest))
+        if taken:
+            # The error reaches the pod's Events: it names no other pod.
+            LOG.warning('Pod %s: %s', req.pod.key, ', '.join(
+                '%s is bound to pod %s' % item for item in sorted(taken.items())))
+            raise errors.AddressTaken('%s bound to another pod of this node'
+                                      % ', '.join(sorted(taken)))
 
     def _wait_active(self, req, plugged, deadline):
         """Wait until every VIF plugged for ``req`` is active; unlocked.
@@ -200,19 +206,6 @@ class Ownership:
             time.sleep(min(delay, remaining))
             delay = min(delay * 2, _POLL_MAX)
 
-    def _refuse_superseded(self, req):
-        """Refuse an ADD overtaken, while it waited for the VIFs, by a newer sandbox's ADD.
-
-        Claims follow the order ADDs arrived in, not the order they get the
-        lock: an older ADD still waiting (one the runtime gave up on) must not
-        take the pod from the sandbox the runtime moved on to.
-        """
-        newest = self.registry.status.newest_add(req.pod.key)
-        if newest not in (None, req.container_id):
-            raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
-                                       'whose ADD came later' % (req.container_id, req.pod.key,
-                                                                 newest))
-
     def _refuse_moved_sandbox(self, binding, req):
         """Refuse an ADD naming another namespace than its sandbox's record.
 
@@ -279,7 +272,7 @@ class Ownership:
         attachment.result = cni_result.build(req.cni_version, req.netns, plugged,
                                              req.prev_result)
         attachment.state = records.READY
-        self._save(binding)
+        self.store.save(binding)    # the registry's summary is the 'plugging' write's
         return attachment.result
 
     def _refuse_foreign_ifname(self, binding, req):
@@ -494,7 +487,7 @@ class Ownership:
             return outcome
 
     def _adds_in_flight(self, max_age):
-        return self.registry.status.adds_since(time.monotonic() - max_age)
+        return self.registry.bindings.adds_since(time.monotonic() - max_age)
 
     # Shared steps ----------------------------------------------------------
 

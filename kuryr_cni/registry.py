@@ -5,10 +5,10 @@ It holds four small tables:
 * ``pods``: what the watcher sees, ``"ns/name" -> {uid, vifs, error, deleting}``;
 * ``bindings``: a summary of each persisted pod binding (the files under
   ``state_dir`` are authoritative and whole; the summaries serve look-ups by
-  container ID and by address, and counts), and the addresses ADDs in flight
-  reserved;
+  container ID and by address, and counts), and the ADDs in flight (when
+  each started, which came last for each pod, the addresses each reserved);
 * ``status``: daemon health facts (:class:`StatusTable`: processes and their
-  heartbeats, watcher sync, ADDs in flight, ...);
+  heartbeats, watcher sync, ...);
 * ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``.
 
 Each table is an object living in the Manager process whose methods run there
@@ -101,11 +101,9 @@ class StatusTable:
     Processes (the watcher, CNI workers, ops) register their pid and beat, CNI
     workers whether their connections are at the cap; the parent records the
     heartbeat timeout, the watcher its sync state and the moment of its last
-    watch activity; ADDs register while in flight (a GC spares them); the
-    parent asks for a mirror resync when a CNI worker died.
-    Times are ``time.monotonic()`` readings (one clock for every process of
-    the machine, never stepped): a wall clock stepped forward would make ADDs
-    in flight look dead to a GC.
+    watch activity; the parent asks for a mirror resync when a CNI worker
+    died. Times are ``time.monotonic()`` readings (one clock for every
+    process of the machine, never stepped).
     """
 
     def __init__(self):
@@ -115,8 +113,6 @@ class StatusTable:
         self._synced = False
         self._shutting_down = False
         self._watch_activity = None
-        self._adds = {}             # container ID -> time.monotonic() its ADD started
-        self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
         self._api_limits = {}       # watched objects (in words) -> the limit exceeded, in words
@@ -185,38 +181,6 @@ class StatusTable:
         with self._lock:
             self._shutting_down = True
 
-    # ADDs in flight ----------------------------------------------------------------
-
-    def add_started(self, container_id, when, pod=None):
-        """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of."""
-        with self._lock:
-            self._adds[container_id] = when
-            if pod is not None:
-                now = time.monotonic()
-                self._newest_add[pod] = (container_id, now)
-                if len(self._newest_add) > NEWEST_ADD_PRUNE_AT:
-                    self._newest_add = {key: entry for key, entry in self._newest_add.items()
-                                        if now - entry[1] < NEWEST_ADD_TTL}
-
-    def newest_add(self, pod):
-        """The container ID of the ADD for ``pod`` that started last, or None when unknown.
-
-        An ADD that started earlier must not claim the pod: the runtime has
-        given up on its sandbox for the newer one (DESIGN §1).
-        """
-        with self._lock:
-            entry = self._newest_add.get(pod)
-            return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
-
-    def add_finished(self, container_id):
-        with self._lock:
-            self._adds.pop(container_id, None)
-
-    def adds_since(self, cutoff):
-        """Container IDs whose ADD started after ``cutoff`` (a ``time.monotonic()``) and runs."""
-        with self._lock:
-            return {cid for cid, started in self._adds.items() if started > cutoff}
-
     # Mirror resync -------------------------------------------------------------------
 
     def request_resync(self):
@@ -244,14 +208,24 @@ class StatusTable:
 
 class BindingTable(_Table):
     """Mirror of the persisted bindings as :class:`kuryr_cni.records.Summary` values,
-    indexed by container ID and by the MACs and IPs they hold; and the addresses
-    ADDs in flight have reserved (:meth:`reserve_addresses`)."""
+    indexed by container ID and by the MACs and IPs they hold; and the ADDs in
+    flight: when each started (a GC spares them), which came last for each pod,
+    and the addresses each reserved.
+
+    An ADD makes three calls: :meth:`add_started`, :meth:`admit_add` (its
+    order and its addresses, judged together) and :meth:`add_finished`. Times
+    are ``time.monotonic()`` readings (one clock for every process of the
+    machine, never stepped): a wall clock stepped forward would make ADDs in
+    flight look dead to a GC.
+    """
 
     def __init__(self):
         super().__init__()
         self._by_container = {}
         self._by_address = {}       # MAC or IP -> {pod key}
         self._reserved = {}         # container ID -> (pod key, addresses, time.monotonic() limit)
+        self._adds = {}             # container ID -> time.monotonic() its ADD started
+        self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
 
     def put(self, key, value):
         with self._lock:
@@ -276,6 +250,54 @@ class BindingTable(_Table):
         for address in value.addresses:
             self._by_address.setdefault(address, set()).add(key)
 
+    # ADDs in flight ----------------------------------------------------------------
+
+    def add_started(self, container_id, when, pod=None):
+        """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of."""
+        with self._lock:
+            self._adds[container_id] = when
+            if pod is not None:
+                now = time.monotonic()
+                self._newest_add[pod] = (container_id, now)
+                if len(self._newest_add) > NEWEST_ADD_PRUNE_AT:
+                    self._newest_add = {key: entry for key, entry in self._newest_add.items()
+                                        if now - entry[1] < NEWEST_ADD_TTL}
+
+    def _newest(self, pod):
+        """The container ID of the ADD for ``pod`` that started last, or None when unknown.
+
+        An ADD that started earlier must not claim the pod: the runtime has
+        given up on its sandbox for the newer one (DESIGN §1).
+        """
+        entry = self._newest_add.get(pod)
+        return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
+
+    def admit_add(self, container_id, pod, addresses, until):
+        """Judge the ADD of ``container_id`` to ``pod``: ``(newest, taken)``.
+
+        ``newest``: the container ID of the pod's newest ADD (see
+        :meth:`_newest`); when it is another, the ADD is superseded and
+        nothing is reserved. Otherwise ``taken`` is what
+        :meth:`reserve_addresses` returns for ``addresses``. One call, under
+        one lock hold.
+        """
+        with self._lock:
+            newest = self._newest(pod)
+            if newest not in (None, container_id):
+                return newest, {}
+            return newest, self._reserve(container_id, pod, addresses, until)
+
+    def add_finished(self, container_id):
+        """The ADD of ``container_id`` ended: it is no longer in flight, its reservation ends."""
+        with self._lock:
+            self._adds.pop(container_id, None)
+            self._reserved.pop(container_id, None)
+
+    def adds_since(self, cutoff):
+        """Container IDs whose ADD started after ``cutoff`` (a ``time.monotonic()``) and runs."""
+        with self._lock:
+            return {cid for cid, started in self._adds.items() if started > cutoff}
+
     def reserve_addresses(self, container_id, pod, addresses, until):
         """Reserve ``addresses`` (MACs, IPs) for the ADD of ``container_id`` to pod ``pod``
         until ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
@@ -284,30 +306,28 @@ class BindingTable(_Table):
         with it, or its ADD in flight reserved it. Returns ``{address: that
         pod}``, empty when the reservation was made. One call, so of two ADDs
         racing for one address only one can win. The reservation ends with
-        :meth:`release_addresses` or at ``until`` (a worker that died).
+        :meth:`add_finished` or at ``until`` (a worker that died).
         """
-        addresses = frozenset(addresses)
         with self._lock:
-            now = time.monotonic()
-            for cid in [c for c, (_, _, limit) in self._reserved.items() if limit <= now]:
-                del self._reserved[cid]
-            taken = {}
-            for address in sorted(addresses):
-                holders = self._by_address.get(address, set()) - {pod}
-                if holders:
-                    taken[address] = min(holders)
-            for other, reserved, _ in self._reserved.values():
-                if other != pod:
-                    for address in reserved & addresses:
-                        taken.setdefault(address, other)
-            if not taken:
-                self._reserved[container_id] = (pod, addresses, until)
-            return taken
+            return self._reserve(container_id, pod, addresses, until)
 
-    def release_addresses(self, container_id):
-        """End the reservation of ``container_id``'s ADD (none: nothing happens)."""
-        with self._lock:
-            self._reserved.pop(container_id, None)
+    def _reserve(self, container_id, pod, addresses, until):
+        addresses = frozenset(addresses)
+        now = time.monotonic()
+        for cid in [c for c, (_, _, limit) in self._reserved.items() if limit <= now]:
+            del self._reserved[cid]
+        taken = {}
+        for address in sorted(addresses):
+            holders = self._by_address.get(address, set()) - {pod}
+            if holders:
+                taken[address] = min(holders)
+        for other, reserved, _ in self._reserved.values():
+            if other != pod:
+                for address in reserved & addresses:
+                    taken.setdefault(address, other)
+        if not taken:
+            self._reserved[container_id] = (pod, addresses, until)
+        return taken
 
     def find_container(self, container_id):
         with self._lock:

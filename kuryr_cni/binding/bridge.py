@@ -21,12 +21,13 @@ the pair: moving a device between namespaces afterwards costs the kernel
 ~17 ms.
 
 Per connect: one opening of the pod namespace (checked, then used both for
-the netlink socket and as ``net_ns_fd``), and netlink round trips: host side
-bridge lookup (at most once a second, ``BRIDGE_TRUSTED_FOR``), veth creation
-(echoed, which gives both indexes), then owner alias, IPv6 address generation
-off and link up in one; pod side IPv6 address generation off (for a VIF
-without IPv6 addresses), link up, ``lo`` up, one per address and one per
-route.
+the netlink socket and as ``net_ns_fd``), the host side bridge lookup (at
+most once a second, ``BRIDGE_TRUSTED_FOR``), and three batches of netlink
+requests (:mod:`kuryr_cni.rtnl`), each one write and its answers: the veth
+creation (echoed, which gives both indexes); the host end's owner alias, IPv6
+address generation off and link up; the pod end's IPv6 address generation
+off (for a VIF without IPv6 addresses), tag and link up, ``lo`` up, its
+addresses and its routes.
 """
 
 import contextlib
@@ -35,11 +36,11 @@ import time
 import typing
 
 from oslo_log import log as logging
-from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
 
 from kuryr_cni import errors
 from kuryr_cni import netns
+from kuryr_cni import rtnl
 from kuryr_cni.binding import base
 from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
@@ -79,10 +80,10 @@ class BridgeDriver(base.Driver):
         the call fail without touching it. Any failure after the pair exists
         deletes the pair (which removes both ends) before raising.
         """
-        with self._namespaces(plug) as (host, pod, pod_fd):
+        with self._namespaces(plug) as (host, pod_fd):
             bridge = self._bridge(host, vif)
             base.check_mtu(vif, bridge.mtu, 'bridge %s' % vif.bridge)
-            self._plug_veth(host, pod, pod_fd, bridge.index, vif, plug)
+            self._plug_veth(host, pod_fd, bridge.index, vif, plug)
 
     def disconnect(self, plug):
         """Delete the host end if its alias names this plug, else the pod end if it does.
@@ -133,30 +134,34 @@ class BridgeDriver(base.Driver):
 
     @contextlib.contextmanager
     def _namespaces(self, plug):
-        """``(host, pod, pod_fd)``: netlink in the host namespace (echoing) and the pod's."""
+        """``(host, pod_fd)``: pyroute2 in the host namespace, the pod namespace's descriptor."""
         with netns.open_netns(plug.netns, host=self.host_netns) as pod_fd, \
-                netns.iproute(self.host_netns, echo=True) as host, \
-                netns.iproute(pod_fd) as pod:
-            yield host, pod, pod_fd
+                netns.iproute(self.host_netns) as host:
+            yield host, pod_fd
 
-    def _plug_veth(self, host, pod, pod_fd, master, vif, plug, attach=None):
+    def _plug_veth(self, host, pod_fd, master, vif, plug, attach=None):
         """Make the plug's veth pair, host end into bridge index ``master`` (None: no
         kernel master), tagged and up; ``attach(host_name)`` when given; then the pod end.
 
-        Any failure after the pair exists deletes the pair before raising.
+        Three batches of netlink requests (:mod:`kuryr_cni.rtnl`): the pair, the
+        host end's tag and state, the pod end's configuration. Any failure after
+        the pair exists deletes the pair before raising.
         """
         host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
         owner = owner_tag.alias(plug.container_id, plug.ifname)
-        reply = self._create_veth(host, pod, pod_fd, host_name, owner, master, vif, plug)
-        try:
-            host_index, pod_index = self._indexes(host, reply, host_name)
-            self._finish_host_end(host, host_index, host_name, owner)
-            if attach is not None:
-                attach(host_name)
-            podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
-        except BaseException:
-            self._undo(host, host_name)
-            raise
+        with netns.channel(self.host_netns) as host_channel:
+            created = self._create_veth(host_channel, host, pod_fd, host_name, owner, master,
+                                        vif, plug)
+            try:
+                host_index, pod_index = self._indexes(created, host_name, plug, pod_fd)
+                self._finish_host_end(host_channel, host_index, host_name, owner)
+                if attach is not None:
+                    attach(host_name)
+                with netns.channel(pod_fd) as pod:
+                    podside.configure(pod, pod_index, vif, plug, self.options.ipv6_link_local)
+            except BaseException:
+                self._undo(host, host_name)
+                raise
 
     def _bridge(self, host, vif):
         """The index and MTU of bridge ``vif.bridge``, remembered or looked up.
@@ -198,49 +203,50 @@ class BridgeDriver(base.Driver):
                                        'port' % name, 'owner %s' % link.get('ifalias'))
         return link
 
-    def _create_veth(self, host, pod, pod_fd, host_name, owner, bridge_index, vif, plug):
-        """Create the pair, both ends down, in one request; return the kernel's (echoed) reply.
+    def _create_veth(self, channel, host, pod_fd, host_name, owner, bridge_index, vif, plug):
+        """Create the pair, both ends down, in one request; return it, answered and echoed.
 
         ``bridge_index`` None leaves the host end without a master.
         """
         action = ('create veth %s (into bridge %s) and %s in %s'
                   % (host_name, vif.bridge, plug.ifname, plug.netns))
-        with netns.kernel_errors(action):
-            for attempt in (1, 2):
-                try:
-                    reply = host.link(
-                        'add', ifname=host_name, kind='veth', mtu=vif.mtu,
-                        master=bridge_index,
-                        peer={'ifname': plug.ifname, 'net_ns_fd': pod_fd,
-                              'address': vif.mac, 'mtu': vif.mtu})
-                    break
-                except NetlinkError as exc:
-                    if exc.code != errno.EEXIST or attempt == 2:
-                        raise
-                LOG.info('Replacing what %s left of %s in %s', owner, plug.ifname, plug.netns)
+        for attempt in (1, 2):
+            request, = channel.send([rtnl.new_veth(host_name, vif.mtu, bridge_index, plug.ifname,
+                                                   pod_fd, vif.mac, action)])
+            if getattr(request.error, 'code', None) != errno.EEXIST or attempt == 2:
+                break
+            LOG.info('Replacing what %s left of %s in %s', owner, plug.ifname, plug.netns)
+            with netns.iproute(pod_fd) as pod:
                 self._remove_leftovers(host, pod, host_name, owner, plug)
-        return reply
+        netns.check_answers([request])
+        return request
 
-    def _finish_host_end(self, host, index, host_name, owner):
+    def _finish_host_end(self, channel, index, host_name, owner):
         """Tag the host end with its owner, without IPv6 addresses, and bring it up.
 
         One request: the kernel turns address generation off after bringing
         the link up, which is in time only because the pod end is still down
-        (no carrier, so no link-local address yet).
+        (no carrier, so no link-local address yet). A kernel without IPv6
+        refuses it; then only tag and state are set.
         """
-        with netns.kernel_errors('tag and bring up %s' % host_name):
-            podside.set_without_ipv6_addresses(host, index, ifalias=owner, state='up')
+        action = 'tag and bring up %s' % host_name
+        requests = channel.send([rtnl.set_link(index, action, up=True, alias=owner,
+                                               no_ipv6=True)])
+        if rtnl.is_unsupported_family(requests[0].error):
+            requests = channel.send([rtnl.set_link(index, action, up=True, alias=owner)])
+        netns.check_answers(requests)
 
-    def _indexes(self, host, reply, host_name):
+    def _indexes(self, created, host_name, plug, pod_fd):
         """(host index, pod index) of the new pair, from the echoed creation."""
-        for msg in reply:
-            if msg.get('ifname') == host_name and msg.get('link'):
-                return msg['index'], msg.get('link')
-        with netns.kernel_errors('look up %s' % host_name):     # kernel without echo
-            link = podside.get_link(host, host_name)
-        if link is None or not link.get('link'):
-            raise errors.BindingFailed('veth %s vanished while being set up' % host_name)
-        return link['index'], link.get('link')
+        indexes = rtnl.created_link(created, host_name)
+        if indexes is not None:
+            return indexes
+        try:        # a kernel that does not echo a link's creation
+            return (netns.link_index(host_name, self.host_netns),
+                    netns.link_index(plug.ifname, pod_fd))
+        except OSError:
+            raise errors.BindingFailed('veth %s vanished while being set up'
+                                       % host_name) from None
 
     def _remove_leftovers(self, host, pod, host_name, owner, plug):
         """Remove what this plug left (a retried ADD); refuse to touch anyone else's."""

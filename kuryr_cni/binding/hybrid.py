@@ -76,14 +76,14 @@ class HybridDriver(ovs.OvsDriver):
         qbr, qvb, qvo = device_names(vif.port_id)
         base.check_mtu(vif, self._bridge_mtu(vif.integration_bridge),
                        'Open vSwitch bridge %s' % vif.integration_bridge)
-        with self._namespaces(plug) as (host, pod, pod_fd):
+        with self._namespaces(plug) as (host, pod_fd):
             self._remove_leftovers_of_port(host, (qbr, qvb, qvo), owner)
             made = []           # what this call created, to undo (qvb takes qvo with it)
             try:
                 qbr_index = self._make_qbr(host, qbr, owner, made)
                 self._make_uplink(host, qvb, qvo, qbr_index, owner, vif.mtu, made)
                 self._add_port(qvo, owner, vif, plug, vif.integration_bridge)
-                self._plug_veth(host, pod, pod_fd, qbr_index, vif, plug)
+                self._plug_veth(host, pod_fd, qbr_index, vif, plug)
             except BaseException:
                 if made:
                     self._forget_port(qvo, owner)

@@ -87,7 +87,9 @@ class NestedDriver(base.Driver):
                 if link is None:
                     raise errors.BindingFailed('%s vanished from %s while being set up'
                                                % (plug.ifname, plug.netns))
-                podside.configure(pod, link['index'], vif, plug, self.options.ipv6_link_local)
+                with netns.channel(pod_fd) as channel:
+                    podside.configure(channel, link['index'], vif, plug,
+                                      self.options.ipv6_link_local)
             except BaseException:
                 self._undo(pod, plug)
                 raise

@@ -23,7 +23,7 @@ manages it); a VIF whose MTU exceeds the bridge's is refused.
 Per connect: three OVSDB transactions (bridge and MTU lookup; leftover
 lookup; port insertion) and the wait until ovs-vswitchd has applied the
 insertion (``cur_cfg`` reaching the ``next_cfg`` the insertion raised, as
-``ovs-vsctl`` waits), plus the ``bridge`` driver's netlink round trips.
+``ovs-vsctl`` waits), plus the ``bridge`` driver's netlink batches.
 """
 
 import time
@@ -76,9 +76,9 @@ class OvsDriver(bridge.BridgeDriver):
         host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
         owner = owner_tag.alias(plug.container_id, plug.ifname)
         base.check_mtu(vif, self._bridge_mtu(vif.bridge), 'Open vSwitch bridge %s' % vif.bridge)
-        with self._namespaces(plug) as (host, pod, pod_fd):
+        with self._namespaces(plug) as (host, pod_fd):
             try:
-                self._plug_veth(host, pod, pod_fd, None, vif, plug, attach=lambda name:
+                self._plug_veth(host, pod_fd, None, vif, plug, attach=lambda name:
                                 self._add_port(name, owner, vif, plug, vif.bridge))
             except BaseException:
                 self._forget_port(host_name, owner)

@@ -16,62 +16,54 @@ import ipaddress
 import socket
 
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.ifaddrmsg import IFA_F_NODAD
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
 
 from kuryr_cni import netns
+from kuryr_cni import rtnl
 from kuryr_cni.binding import owner_tag
 
 LOOPBACK_INDEX = 1              # lo is always ifindex 1 in a network namespace
-RT_SCOPE_LINK = 253
-RT_TABLE_MAIN = 254
+RT_TABLE_MAIN = rtnl.RT_TABLE_MAIN
 _DEFAULT = {4: ipaddress.ip_network('0.0.0.0/0'), 6: ipaddress.ip_network('::/0')}
 
 # Outcomes of delete_owned_link
 DELETED, ABSENT, FOREIGN = 'deleted', 'absent', 'foreign'
 
-# IFLA_AF_SPEC turning IPv6 address generation off (IN6_ADDR_GEN_MODE_NONE):
-# set while the device is down, it never gets a link-local address.
-NO_IPV6_ADDRESSES = {'attrs': [('AF_INET6', {'attrs': [
-    ('IFLA_INET6_ADDR_GEN_MODE', 1)]})]}
+NO_IPV6_ADDRESSES = rtnl.NO_IPV6_ADDRESSES[1]     # IFLA_AF_SPEC's value
 
 
 def configure(pod, index, vif, plug, ipv6_link_local='with-ipv6'):
     """Tag interface ``index``, bring it and ``lo`` up; add the VIF's addresses and routes.
 
-    One netlink request per step: owner tag and link up, ``lo`` up, one per
-    address, one per route; on a VIF without IPv6 addresses the tag goes
-    instead with a first request turning off the kernel's IPv6 link-local
-    address (unless ``ipv6_link_local`` is ``'always'``: see ``[binding]
-    ipv6_link_local``). The kernel ignores an alias in the request that creates
-    a link, so the tag cannot come sooner. IPv6 addresses are added without
-    duplicate address detection so they are usable at once.
+    ``pod``: a :class:`kuryr_cni.rtnl.Channel` in the pod namespace. One batch:
+    owner tag and link up, ``lo`` up, the addresses, the routes. On a VIF
+    without IPv6 addresses the tag goes instead with a first request turning
+    off the kernel's IPv6 link-local address (unless ``ipv6_link_local`` is
+    ``'always'``: see ``[binding] ipv6_link_local``), which must reach the
+    kernel before the link is up. The kernel ignores an alias in the request
+    that creates a link, so the tag cannot come sooner. IPv6 addresses are
+    added without duplicate address detection so they are usable at once.
     """
     where = '%s in %s' % (plug.ifname, plug.netns)
-    tag = {'ifalias': owner_tag.alias(plug.container_id, plug.ifname)}
-    if ipv6_link_local != 'always' and not _has_ipv6(vif):
-        with netns.kernel_errors('tag %s and turn off its IPv6 address generation' % where):
-            set_without_ipv6_addresses(pod, index, **tag)
-        tag = {}
-    with netns.kernel_errors('bring up %s' % where):
-        pod.link('set', index=index, state='up', **tag)
-    with netns.kernel_errors('bring up lo in %s' % plug.netns):
-        pod.link('set', index=LOOPBACK_INDEX, state='up')
-    for cidr in vif.ips:
-        iface = ipaddress.ip_interface(cidr)
-        # NODAD: usable at once, not "tentative" for a second or more.
-        extra = {'flags': IFA_F_NODAD} if iface.version == 6 else {}
-        with netns.kernel_errors('add address %s to %s' % (cidr, where)):
-            pod.addr('add', index=index, address=str(iface.ip),
-                     prefixlen=iface.network.prefixlen, **extra)
-    for dst, gw in wanted_routes(vif, plug):
-        spec = {'dst': str(dst), 'oif': index, 'family': family(dst)}
-        if gw is None:
-            spec['scope'] = RT_SCOPE_LINK
-        else:
-            spec['gateway'] = str(gw)
-        with netns.kernel_errors('add route %s via %s to %s' % (dst, gw or 'link', where)):
-            pod.route('add', **spec)
+    alias = owner_tag.alias(plug.container_id, plug.ifname)
+    no_ipv6 = ipv6_link_local != 'always' and not _has_ipv6(vif)
+    if no_ipv6:
+        requests = [rtnl.set_link(index, 'tag %s and turn off its IPv6 address generation'
+                                  % where, alias=alias, no_ipv6=True),
+                    rtnl.set_link(index, 'bring up %s' % where, up=True)]
+    else:
+        requests = [rtnl.set_link(index, 'bring up %s' % where, up=True, alias=alias)]
+    requests.append(rtnl.set_link(LOOPBACK_INDEX, 'bring up lo in %s' % plug.netns, up=True))
+    requests += [rtnl.add_address(index, cidr, 'add address %s to %s' % (cidr, where))
+                 for cidr in vif.ips]
+    requests += [rtnl.add_route(index, dst, gw, 'add route %s via %s to %s'
+                                % (dst, gw or 'link', where))
+                 for dst, gw in wanted_routes(vif, plug)]
+    pod.send(requests)
+    if no_ipv6 and rtnl.is_unsupported_family(requests[0].error):
+        # A kernel without IPv6 has nothing to turn off; the tag is still wanted.
+        requests[0:1] = pod.send([rtnl.set_link(index, 'tag %s' % where, alias=alias)])
+    netns.check_answers(requests)
 
 
 def _has_ipv6(vif):
@@ -175,10 +167,6 @@ def wanted_routes(vif, plug):
             gw = ipaddress.ip_address(gw)
             wanted.append((_DEFAULT[gw.version], gw))
     return wanted
-
-
-def family(network):
-    return socket.AF_INET if network.version == 4 else socket.AF_INET6
 
 
 def get_link(ipr, ifname):

@@ -72,7 +72,7 @@ def test_every_figure_is_in_the_json(run):
     assert 50 < pss['idle'] < 1000
     roles = {p['role'] for p in report['raw']['pss_idle']['processes']}
     assert roles >= {'parent', 'registry', 'watcher', 'cni-worker', 'ops'}
-    assert len(report['targets']) == 7
+    assert len(report['targets']) == 8
     for target in report['targets']:
         # Ratio targets are not judged without the reference; the others always are.
         judged = reference or target['unit'] != 'x'

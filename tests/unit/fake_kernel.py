@@ -5,9 +5,10 @@ Why a stand-in at all: the kernel of the development and CI machines has no
 cannot be made there and the vlan driver's functional tests skip. These
 tests still have to prove what the driver asks of the kernel and how it
 behaves when the kernel refuses. The stand-in replaces exactly the driver's
-two ways into a namespace (:func:`kuryr_cni.netns.open_netns` and
-:func:`kuryr_cni.netns.iproute`), records every request with its namespace,
-and models only the kernel rules the drivers depend on:
+ways into a namespace (:func:`kuryr_cni.netns.open_netns`,
+:func:`kuryr_cni.netns.iproute` and :func:`kuryr_cni.netns.channel`),
+records every request with its namespace, and models only the kernel rules
+the drivers depend on:
 
 - a device is created in the namespace of ``net_ns_fd`` (else the caller's),
   with ``IFLA_LINK`` looked up in the caller's namespace;
@@ -24,13 +25,16 @@ look-ups (``("linkinfo", "kind")``).
 import contextlib
 import errno
 import itertools
+import socket
 
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
 from pyroute2.iproute.linux import get_arguments_processor
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from kuryr_cni import netns as real_netns
+from kuryr_cni.binding import podside
 
 
 class FakeKernel:
@@ -77,6 +81,7 @@ class FakeKernel:
         class Netns:
             NamespaceNotFound = real_netns.NamespaceNotFound
             kernel_errors = staticmethod(real_netns.kernel_errors)    # no I/O: the real one
+            check_answers = staticmethod(real_netns.check_answers)    # no I/O: the real one
 
             @staticmethod
             @contextlib.contextmanager
@@ -92,6 +97,11 @@ class FakeKernel:
             @contextlib.contextmanager
             def iproute(path, timeout=None, echo=False):
                 yield FakeIPRoute(kernel, kernel._fds.get(path, path))
+
+            @staticmethod
+            @contextlib.contextmanager
+            def channel(path, timeout=None):
+                yield FakeChannel(kernel, kernel._fds.get(path, path))
 
         return Netns
 
@@ -185,6 +195,56 @@ class FakeIPRoute:
         if command == 'dump':
             return [dict(r) for r in self.kernel.namespaces[self.ns]['routes']]
         raise NotImplementedError(command)
+
+
+class FakeChannel:
+    """:class:`kuryr_cni.rtnl.Channel`'s ``send``, each request answered by :class:`FakeIPRoute`.
+
+    Every message is encoded as it would go to the kernel and decoded again,
+    then recorded as the ``IPRoute`` call that asks the same (``link set``,
+    ``addr add``, ``route add``); a refusal becomes the request's ``error``
+    and the batch goes on, as the kernel does.
+    """
+
+    def __init__(self, kernel, ns):
+        self.ipr = FakeIPRoute(kernel, ns)
+
+    def send(self, requests):
+        for request in requests:
+            msg = request.msg
+            msg.encode()
+            wire = type(msg)(msg.data)
+            wire.decode()
+            try:
+                self._apply(wire)
+            except NetlinkError as exc:
+                request.error = exc
+        return requests
+
+    def _apply(self, wire):
+        if isinstance(wire, ifinfmsg):
+            kw = {'index': wire['index']}
+            if wire['change'] & wire['flags'] & IFF_UP:
+                kw['state'] = 'up'
+            if wire.get_attr('IFLA_IFALIAS') is not None:
+                kw['ifalias'] = wire.get_attr('IFLA_IFALIAS')
+            if wire.get_attr('IFLA_AF_SPEC') is not None:
+                kw['IFLA_AF_SPEC'] = podside.NO_IPV6_ADDRESSES
+            return self.ipr.link('set', **kw)
+        if isinstance(wire, ifaddrmsg):
+            kw = {'index': wire['index'], 'address': wire.get_attr('IFA_ADDRESS'),
+                  'prefixlen': wire['prefixlen']}
+            if wire['flags']:
+                kw['flags'] = wire['flags']
+            return self.ipr.addr('add', **kw)
+        default = '0.0.0.0' if wire['family'] == socket.AF_INET else '::'
+        kw = {'dst': '%s/%d' % (wire.get_attr('RTA_DST') or default, wire['dst_len']),
+              'oif': wire.get_attr('RTA_OIF'), 'family': wire['family']}
+        if wire.get_attr('RTA_GATEWAY'):
+            kw['gateway'] = wire.get_attr('RTA_GATEWAY')
+        else:
+            kw['scope'] = wire['scope']
+        return self.ipr.route('add', **kw)
 
 
 def encode_link_request(command, kwargs):

@@ -107,7 +107,7 @@ def test_an_address_is_free_again_once_its_binding_is_dropped_or_changed(registr
     registry.bindings.put('ns/a', binding_of('ns/a', 'cid-a', vif(ips=['10.10.0.9/24'])
                                              ).summary())
     assert registry.bindings.reserve_addresses('cid-b', 'ns/b', {'10.10.0.5'}, later()) == {}
-    registry.bindings.release_addresses('cid-b')
+    registry.bindings.add_finished('cid-b')
     registry.bindings.drop('ns/a')
     assert registry.bindings.reserve_addresses('cid-c', 'ns/c', {'10.10.0.9'}, later()) == {}
 
@@ -116,7 +116,7 @@ def test_of_two_adds_racing_for_an_address_one_wins_until_it_ends(registry):
     assert registry.bindings.reserve_addresses('cid-a', 'ns/a', {'10.10.0.5'}, later()) == {}
     assert registry.bindings.reserve_addresses('cid-b', 'ns/b', {'10.10.0.5'}, later()) == \
         {'10.10.0.5': 'ns/a'}
-    registry.bindings.release_addresses('cid-a')
+    registry.bindings.add_finished('cid-a')
     assert registry.bindings.reserve_addresses('cid-b', 'ns/b', {'10.10.0.5'}, later()) == {}
 
 

@@ -82,10 +82,10 @@ def test_gc_without_the_key_collects_nothing(app, owner):
 
 def test_gc_spares_a_container_with_an_add_in_flight(app, owner, registry):
     attach(owner, 'a', 'cid-a', added_at=1)
-    registry.status.add_started('cid-a', time.monotonic())
+    registry.bindings.add_started('cid-a', time.monotonic())
     assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
     assert attachments(owner) == [('default/a', 'cid-a', 'kuryr/eth0')]
-    registry.status.add_started('cid-a', time.monotonic() - 31)   # its worker died long ago
+    registry.bindings.add_started('cid-a', time.monotonic() - 31)   # its worker died long ago
     assert gc(app, {'cni.dev/valid-attachments': []}) == (204, b'')
     assert attachments(owner) == []
 
@@ -103,9 +103,9 @@ def test_collect_judges_again_under_the_lock(owner, registry):
     attach(owner, 'a', 'cid-a', added_at=1001.0)         # re-made after the GC listed it
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'spared'
     attach(owner, 'a', 'cid-a', added_at=listed)
-    registry.status.add_started('cid-a', time.monotonic())   # an ADD started meanwhile
+    registry.bindings.add_started('cid-a', time.monotonic())   # an ADD started meanwhile
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'spared'
-    registry.status.add_finished('cid-a')
+    registry.bindings.add_finished('cid-a')
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'success'
     assert attachments(owner) == []
     assert owner.collect(_del('cid-a'), time.monotonic() + 5, listed, 30) == 'noop'
@@ -124,7 +124,7 @@ def test_an_add_in_flight_is_spared_when_the_wall_clock_steps_forward(owner, reg
                                                                       monkeypatch):
     """Issue 20: ADDs in flight are told by the monotonic clock, which is never stepped."""
     attach(owner, 'a', 'cid-a', added_at=1.0)
-    registry.status.add_started('cid-a', time.monotonic())
+    registry.bindings.add_started('cid-a', time.monotonic())
     real = time.time
     monkeypatch.setattr(time, 'time', lambda: real() + 86400)    # a day ahead
     assert owner.stale_attachments(NETWORK, set(), 30) == []

@@ -135,7 +135,7 @@ class World:
         """
         self.publish(uid, active=False)
         self.in_flight[cid] = self.pool.submit(self.request, 'ADD', cid, uid)
-        wait.until(lambda: self.owner() == cid and cid in self.registry.status.adds_since(0),
+        wait.until(lambda: self.owner() == cid and cid in self.registry.bindings.adds_since(0),
                    what='the ADD of %s to claim the pod' % cid)
         # Claimed: its evictions (devices, metrics) happen under the pod's lock,
         # which it lets go only to wait for its VIFs.
@@ -385,9 +385,9 @@ def test_an_older_add_still_waiting_for_the_vifs_never_takes_the_pod_from_a_newe
     gets the pod's lock first, B owns the pod and A is told to try again."""
     world.registry.drop_pod(POD)            # no VIFs published yet
     a = world.pool.submit(world.request, 'ADD', 'A')
-    wait.until(lambda: 'A' in world.registry.status.adds_since(0), what='ADD A in flight')
+    wait.until(lambda: 'A' in world.registry.bindings.adds_since(0), what='ADD A in flight')
     b = world.pool.submit(world.request, 'ADD', 'B')
-    wait.until(lambda: 'B' in world.registry.status.adds_since(0), what='ADD B in flight')
+    wait.until(lambda: 'B' in world.registry.bindings.adds_since(0), what='ADD B in flight')
     world.publish(active=True)
     assert (a.result(timeout=30), b.result(timeout=30)) == (11, 'ok')
     assert world.owner() == 'B'
