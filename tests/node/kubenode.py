@@ -272,6 +272,14 @@ class KubeNode(testhost.Host):
         directory = os.path.join(self.state_dir, 'del-queue')
         return sorted(os.listdir(directory)) if os.path.isdir(directory) else []
 
+    def queued_del_bodies(self, names):
+        """What the shim kept of each queued DEL named (:meth:`queued_dels`)."""
+        bodies = []
+        for name in names:
+            with open(os.path.join(self.state_dir, 'del-queue', name)) as f:
+                bodies.append(json.load(f))
+        return bodies
+
     # Teardown ------------------------------------------------------------------------------
 
     def close(self):

@@ -1,6 +1,5 @@
 """The daemon and kubelet restarted, or the daemon killed, while pods run and go."""
 
-import json
 import os
 import re
 import signal
@@ -26,10 +25,8 @@ def test_the_daemon_restarted_while_pods_run_and_go(node, controller, pods):
     pods.wait_gone(['r-3'])
     queued = node.queued_dels()
     assert queued
-    for name in queued:
-        with open(os.path.join(node.state_dir, 'del-queue', name)) as f:
-            sent = json.load(f)
-        assert (sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) == ('DEL', sandboxes['r-3'])
+    assert {(sent['CNI_COMMAND'], sent['CNI_CONTAINERID'])
+            for sent in node.queued_del_bodies(queued)} == {('DEL', sandboxes['r-3'])}
     # Its host device went with its namespace; its binding waits for the DELs.
     assert helpers.binding(node, 'default/r-3')['owner'] == sandboxes['r-3']
 
@@ -66,9 +63,7 @@ def test_the_daemon_killed_while_kubelet_deletes_a_pod(node, controller, pods):
     assert queued
     # What kubelet and containerd sent, as the shim kept it: DELs of k-1's sandbox, each
     # naming the pod and its UID.
-    for name in queued:
-        with open(os.path.join(node.state_dir, 'del-queue', name)) as f:
-            sent = json.load(f)
+    for sent in node.queued_del_bodies(queued):
         assert (sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) == ('DEL', sandbox)
         assert dict(pair.split('=', 1) for pair in sent['CNI_ARGS'].split(';')) == {
             'IgnoreUnknown': '1', 'K8S_POD_NAMESPACE': 'default', 'K8S_POD_NAME': 'k-1',
