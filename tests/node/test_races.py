@@ -86,10 +86,11 @@ def test_a_sandbox_that_dies(cluster, node, controller, pods):
     are gone.
 
     Killed twice, so that kubelet's garbage collection (every minute) removes the first
-    sandbox while the pod runs: it keeps one dead container per container, and a sandbox
-    only once it holds none. Its DELs, with the pod's own UID, come long after the third
-    sandbox took the pod over: the seed's late DEL, by its real author. They are rejected
-    and counted, and the pod keeps its network.
+    sandbox while the pod runs: it keeps the newest dead container of each container, and
+    removes a dead sandbox only once it holds no container. The first sandbox's DELs,
+    with the pod's own UID, come after the third sandbox took the pod over: the seed's
+    late DEL, by its real author. They are rejected and counted, and the pod keeps its
+    network.
     """
     pod = pods.wait_running([pods.create('phoenix')['metadata']['name']])['phoenix']
     first = node.sandbox_id(pod)
