@@ -85,9 +85,9 @@ def test_a_sandbox_that_dies(cluster, node, controller, pods):
     new one; the pod is reconnected, with its address, and the dead sandbox's devices
     are gone.
 
-    Killed twice, so that kubelet's garbage collection (every minute) removes the first
-    sandbox while the pod runs: it keeps the newest dead container of each container, and
-    removes a dead sandbox only once it holds no container. The first sandbox's DELs,
+    Killed twice, so that kubelet removes the first sandbox while the pod runs: it keeps
+    the newest dead container of each container, and removes a dead sandbox only once it
+    holds no container (seen 2 s after the third sandbox's ADD). The first sandbox's DELs,
     with the pod's own UID, come after the third sandbox took the pod over: the seed's
     late DEL, by its real author. They are rejected and counted, and the pod keeps its
     network.
@@ -109,7 +109,7 @@ def test_a_sandbox_that_dies(cluster, node, controller, pods):
 
     # kubelet stops a sandbox (the DELs) before it removes it from containerd.
     wait.until(lambda: first not in node.containers(), 150,
-               'kubelet\'s garbage collection to remove sandbox %s' % first, interval=1)
+               'kubelet to remove sandbox %s' % first, interval=1)
     assert_connected(node, controller, pod)
     assert host_sandboxes(node) == {third}
     assert helpers.binding(node, 'default/phoenix')['owner'] == third
