@@ -22,6 +22,8 @@ from tests.openstack import tcp
 # Each step of a pod's start as it happens, in causal order.
 ORDER = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active',
          'ADD answered', 'Running')
+# A pod starts in about 4 s; past the shipped vif_timeout (60 s), its ADD failed.
+START_TIMEOUT = 90
 
 
 def _adds(node):
@@ -33,7 +35,7 @@ def _start(stack, node, pods, name):
     before = _adds(node)
     started = time.monotonic()
     pod = pods.create(name)
-    at, port_id = steps.observe(stack, pod, started, {
+    at, port_id = steps.observe(stack, pod, started, timeout=START_TIMEOUT, ends={
         'ADD answered': lambda: _adds(node) > before,
         'Running': lambda: pods.running(name) is not None})
     for step in ORDER:
