@@ -125,8 +125,5 @@ def node(stack, cluster):
 @pytest.fixture
 def pods(cluster, node):
     """Pods of this test (:class:`tests.node.kubenode.Pods`); all gone after it."""
-    made = kubenode.Pods(cluster, node)
-    try:
+    with kubenode.pods_deleted_after(cluster, node) as made:
         yield made
-    finally:
-        made.delete_all()

@@ -329,6 +329,16 @@ class Pods:
         self.wait_gone(names)
 
 
+@contextlib.contextmanager
+def pods_deleted_after(cluster, node):
+    """A test's :class:`Pods`, every one of them deleted, and gone, on leaving."""
+    made = Pods(cluster, node)
+    try:
+        yield made
+    finally:
+        made.delete_all()
+
+
 def is_running(pod):
     """Whether ``pod`` (an API object) runs every container."""
     statuses = pod.get('status', {}).get('containerStatuses') or []
