@@ -15,7 +15,9 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 #
-# Enable in local.conf with
+# Enable in local.conf, after kuryr-kubernetes' plugin (whose kuryr-controller
+# writes the KuryrPorts; its own CNI daemon, kuryr-daemon, stays disabled: this
+# daemon is the CNI), with
 #
 #     enable_plugin kuryr-cni <repository URL> [branch]
 #     enable_service kuryr-cni-daemon
@@ -25,10 +27,13 @@
 #
 #     stack install      check the Kubernetes settings, install the package in
 #                        its own virtualenv, build and install the CNI shim
-#     stack post-config  write the daemon's config file and the CNI conflist
+#     stack post-config  write kuryr-controller's kuryr.conf (kuryr-kubernetes'
+#                        plugin does only with its kuryr-daemon), the daemon's
+#                        config file and the CNI conflist
 #     stack extra        start kuryr-cni-daemon, wait until /ready answers 200
 #     stack test-config  with KURYR_CNI_SMOKE_TEST=True: start a pod, prove
-#                        kuryr-cni plumbed it, delete it
+#                        kuryr-cni plumbed the port kuryr-controller made and
+#                        Neutron turned ACTIVE, delete it
 #     unstack            stop kuryr-cni-daemon
 #     clean              remove everything "stack" installed or wrote
 #
@@ -70,9 +75,14 @@ function kuryr_cni_install_atomic {
     sudo mv -f "$tmp" "$dst" || die $LINENO "Cannot move $tmp to $dst"
 }
 
-# What devstack-plugin-container's kubeadm_init and kubeadm_join need, checked
-# before they run (their phase, post-config, comes after this one).
+# What the kubeadm of devstack-plugin-container (k8s-master, k8s-node) or of
+# kuryr-kubernetes (kubernetes-master, kubernetes-worker) needs, checked before
+# it runs (in a later phase).
 function check_kuryr_cni_kubernetes_settings {
+    if is_service_enabled kubernetes-master kubernetes-worker; then
+        [[ "${CONTAINER_ENGINE:-}" == crio ]] || die $LINENO \
+            "CONTAINER_ENGINE=${CONTAINER_ENGINE:-} (unset: docker): kubeadm from kuryr-kubernetes needs CONTAINER_ENGINE=crio"
+    fi
     is_service_enabled k8s-master k8s-node || return 0
     # Their docker path points kubelet at dockershim, gone since Kubernetes 1.24.
     [[ "${CONTAINER_ENGINE:-}" == crio ]] || die $LINENO \
@@ -81,8 +91,17 @@ function check_kuryr_cni_kubernetes_settings {
         "K8S_TOKEN must be a kubeadm bootstrap token, [a-z0-9]{6}.[a-z0-9]{16} (kubeadm token generate): devstack-plugin-container's kubeadm init and join use it"
 }
 
+# kuryr-kubernetes' own CNI daemon would serve the same runtime, ports and
+# node: only one may run.
+function check_kuryr_cni_alone {
+    if is_service_enabled kuryr-daemon; then
+        die $LINENO "kuryr-daemon (kuryr-kubernetes' CNI daemon) is enabled: disable_service kuryr-daemon, kuryr-cni-daemon is the CNI"
+    fi
+}
+
 # stack install
 function install_kuryr_cni {
+    check_kuryr_cni_alone
     check_kuryr_cni_kubernetes_settings
 
     # A virtualenv of its own, installed without OpenStack's upper-constraints:
@@ -160,9 +179,22 @@ function kuryr_cni_first_conflist {
     done
 }
 
+# kuryr-kubernetes' plugin writes kuryr-controller's kuryr.conf only when its
+# kuryr-daemon service is enabled; with it disabled, this plugin has it written
+# by the same functions, which that plugin (enabled before this one) defined.
+function configure_kuryr_controller {
+    is_service_enabled kuryr-kubernetes || return 0
+    declare -F configure_kuryr >/dev/null || die $LINENO \
+        "kuryr-kubernetes' plugin did not run before kuryr-cni's: put its enable_plugin line first"
+    create_kuryr_account
+    configure_kuryr
+}
+
 # stack post-config
 function configure_kuryr_cni {
     local conf=$KURYR_CNI_CONF
+
+    configure_kuryr_controller
 
     sudo install -d -o "$STACK_USER" -m 0755 "$(dirname "$conf")"
     # Start from an empty file on every stack: [[post-config|$KURYR_CNI_CONF]]
@@ -178,8 +210,8 @@ function configure_kuryr_cni {
     iniset "$conf" cni_daemon vif_timeout "$KURYR_CNI_VIF_TIMEOUT"
     iniset "$conf" cni_daemon vif_source "$KURYR_CNI_VIF_SOURCE"
 
-    if [[ -z "$KURYR_CNI_KUBECONFIG$KURYR_CNI_K8S_API_ROOT" ]]; then
-        die $LINENO "Set KURYR_CNI_KUBECONFIG or KURYR_CNI_K8S_API_ROOT"
+    if [[ -z "$KURYR_CNI_KUBECONFIG$KURYR_CNI_K8S_API_ROOT$KURYR_CNI_KURYR_CONFIG" ]]; then
+        die $LINENO "Set KURYR_CNI_KUBECONFIG or KURYR_CNI_K8S_API_ROOT (or KURYR_CNI_KURYR_CONFIG)"
     fi
     if [[ -n "$KURYR_CNI_KUBECONFIG" ]]; then
         iniset "$conf" kubernetes kubeconfig "$KURYR_CNI_KUBECONFIG"
@@ -238,9 +270,18 @@ function start_kuryr_cni {
     # The socket directory: root only (DESIGN.md 4.2).
     sudo install -d -m 0700 "$(dirname "$KURYR_CNI_SOCKET")"
 
+    # kuryr-kubernetes' plugin installs its own kuryr-cni executable under the
+    # same name: the runtime must run ours.
+    cmp -s "$KURYR_CNI_HOME/shim/kuryr-cni" "$KURYR_CNI_PLUGIN_DIR/kuryr-cni" || die $LINENO \
+        "$KURYR_CNI_PLUGIN_DIR/kuryr-cni is not kuryr-cni's shim: enable_plugin kuryr-cni after kuryr-kubernetes"
+
     # As root (group and user): netlink in pod namespaces and setns(2) need
-    # CAP_NET_ADMIN and CAP_SYS_ADMIN.
-    run_process kuryr-cni-daemon "$daemon_bin --config-file $KURYR_CNI_CONF" root root
+    # CAP_NET_ADMIN and CAP_SYS_ADMIN. kuryr-controller's kuryr.conf first: the
+    # same API server and credentials ([kubernetes]), as kuryr-daemon read them;
+    # the daemon's own file after it, whose options win.
+    run_process kuryr-cni-daemon \
+        "$daemon_bin ${KURYR_CNI_KURYR_CONFIG:+--config-file $KURYR_CNI_KURYR_CONFIG }--config-file $KURYR_CNI_CONF" \
+        root root
 
     wait_for_kuryr_cni_ready
 }
@@ -276,27 +317,29 @@ function cleanup_kuryr_cni {
 }
 
 # stack test-config, with KURYR_CNI_SMOKE_TEST=True: a real pod on this node
-# gets its network from kuryr-cni. Proven by what only kuryr-cni does: the
-# host end of the pod's eth0 carries the owner tag naming the sandbox the
-# runtime made, and the daemon's metrics counted a successful ADD. Then the
-# pod is deleted, and its host device must go with it.
+# gets its network from kuryr-cni, on the port kuryr-controller made for it.
+# Proven by what only kuryr-cni does: the host end of the pod's eth0 carries
+# the owner tag naming the sandbox the runtime made, and the daemon's metrics
+# counted a successful ADD; and by what only a plugged port gets: Neutron says
+# the pod's port is ACTIVE (the ADD answers only once it is). Then the pod is
+# deleted: its host device must go with it, and kuryr-controller its port.
 function kuryr_cni_smoke_test {
     local pod=kuryr-cni-smoke
     local timeout=${KURYR_CNI_SMOKE_TIMEOUT}s
-    local sandbox adds
+    local sandbox adds uid status deadline
 
-    [[ "$KURYR_CNI_VIF_SOURCE" == annotation ]] || die $LINENO \
-        "The smoke test's pod carries its VIF in its annotation: set KURYR_CNI_VIF_SOURCE=annotation"
+    [[ "$KURYR_CNI_VIF_SOURCE" == kuryrport ]] || die $LINENO \
+        "The smoke test's pod gets its VIF from kuryr-controller: set KURYR_CNI_VIF_SOURCE=kuryrport"
+    is_service_enabled kuryr-kubernetes || die $LINENO \
+        "The smoke test's pod gets its VIF from kuryr-controller: enable_service kuryr-kubernetes"
     check_kuryr_cni_conflist_first
     kubectl wait --for=condition=Ready "node/$KURYR_CNI_NODE_NAME" --timeout="$timeout" || \
         die $LINENO "Node $KURYR_CNI_NODE_NAME not Ready after $timeout"
-    # The daemon creates no bridge: the smoke pod's is made here, without address.
-    sudo ip link add "$KURYR_CNI_SMOKE_BRIDGE" type bridge 2>/dev/null || true
-    sudo ip link set "$KURYR_CNI_SMOKE_BRIDGE" up || \
-        die $LINENO "Cannot create bridge $KURYR_CNI_SMOKE_BRIDGE"
     kuryr_cni_smoke_pod "$pod" | kubectl apply -f - || die $LINENO "Cannot create pod $pod"
     kubectl wait --for=condition=Ready "pod/$pod" --timeout="$timeout" || \
         die $LINENO "Pod $pod not Ready after $timeout"
+    uid=$(kubectl get pod "$pod" --output 'jsonpath={.metadata.uid}') || \
+        die $LINENO "Cannot read the UID of pod $pod"
 
     sandbox=$(sudo crictl --runtime-endpoint "$KURYR_CNI_CRI_ENDPOINT" pods --name "^$pod\$" \
         --namespace default --state ready --quiet)
@@ -306,29 +349,37 @@ function kuryr_cni_smoke_test {
         die $LINENO "No host device carries the owner tag kuryr-cni:$sandbox:eth0"
     adds=$(kuryr_cni_successful_adds)
     (( adds >= 1 )) || die $LINENO "kuryr_cni_requests_total counts no successful ADD"
-    echo "kuryr-cni plumbed pod $pod: sandbox $sandbox, $adds successful ADDs"
+    status=$(kuryr_cni_port_status "$uid")
+    [[ "$status" == ACTIVE ]] || \
+        die $LINENO "The Neutron port of pod $pod (device $uid) is ${status:-missing}, not ACTIVE"
+    echo "kuryr-cni plumbed pod $pod: sandbox $sandbox, port ACTIVE, $adds successful ADDs"
 
     kubectl delete pod "$pod" --wait --timeout="$timeout" || die $LINENO "Cannot delete pod $pod"
     [[ -z "$(kuryr_cni_devices_of "$sandbox")" ]] || \
         die $LINENO "The host device of sandbox $sandbox outlived pod $pod"
-    sudo ip link del "$KURYR_CNI_SMOKE_BRIDGE" 2>/dev/null || true
+    deadline=$((SECONDS + KURYR_CNI_SMOKE_TIMEOUT))
+    until [[ -z "$(kuryr_cni_port_status "$uid")" ]]; do
+        (( SECONDS < deadline )) || \
+            die $LINENO "The Neutron port of pod $pod outlived it by $timeout"
+        sleep 1
+    done
 }
 
-# The smoke test's pod, named $1. Its VIF is in its annotation, as a
-# controller would write it (there is none here), on the smoke test's bridge,
-# which has no address: the pod needs its interface, not traffic.
+# The status of the Neutron port of device (pod UID) $1; nothing if it has none.
+function kuryr_cni_port_status {
+    openstack --os-cloud "$KURYR_CNI_OS_CLOUD" port list --device-id "$1" \
+        --format value --column Status
+}
+
+# The smoke test's pod, named $1: an ordinary pod, whose port kuryr-controller
+# makes.
 function kuryr_cni_smoke_pod {
-    local vif
-    vif=$(printf '{"kind": "bridge", "port_id": "%s", "mac": "fa:16:3e:5e:00:0a", "mtu": 1500, "bridge": "%s", "ips": ["10.251.0.10/24"], "gateway": "10.251.0.1", "active": true}' \
-        "$1" "$KURYR_CNI_SMOKE_BRIDGE")
     cat <<POD
 apiVersion: v1
 kind: Pod
 metadata:
   name: $1
   namespace: default
-  annotations:
-    kuryr.openstack.org/vifs: '{"eth0": $vif}'
 spec:
   nodeName: $KURYR_CNI_NODE_NAME
   terminationGracePeriodSeconds: 0
@@ -376,7 +427,8 @@ if is_service_enabled kuryr-cni-daemon; then
         echo_summary "Starting kuryr-cni-daemon"
         start_kuryr_cni
     elif [[ "$1" == "stack" && "${2:-}" == "test-config" ]]; then
-        if [[ "$KURYR_CNI_SMOKE_TEST" == "True" ]] && is_service_enabled k8s-master; then
+        if [[ "$KURYR_CNI_SMOKE_TEST" == "True" ]] && \
+                is_service_enabled k8s-master kubernetes-master; then
             echo_summary "Proving that kuryr-cni plumbs a pod"
             kuryr_cni_smoke_test
         fi

@@ -94,11 +94,14 @@ class Cluster:
     the namespace and every file.
     """
 
+    address = ADDRESS
+    port = PORT
+
     def __init__(self, prefix, extra_flags=()):
         self.netns = '%s-k8s-%s' % (prefix, uuid.uuid4().hex[:6])
         self.dir = tempfile.mkdtemp(prefix='kc-k8s-')
         self.extra_flags = list(extra_flags)
-        self.url = 'https://%s:%d' % (ADDRESS, PORT)
+        self.url = 'https://%s:%d' % (self.address, self.port)
         self._pool = None
         ip('netns', 'add', self.netns)
         try:
@@ -107,15 +110,19 @@ class Cluster:
             ip('-n', self.netns, 'addr', 'add', '%s/%d' % (ADDRESS, PREFIX_LENGTH), 'dev', BRIDGE)
             ip('-n', self.netns, 'link', 'set', BRIDGE, 'up')
             self.start()
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                8, thread_name_prefix='k8s-admin', initializer=_enter_netns,
-                initargs=(self.netns,))
-            self.api = self.call(self._admin_client)
-            self.core = client.CoreV1Api(self.api)
-            self.custom = client.CustomObjectsApi(self.api)
+            self._connect()
         except BaseException:
             self.close()
             raise
+
+    def _connect(self):
+        """The admin's clients, on threads inside :attr:`netns`."""
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            8, thread_name_prefix='k8s-admin', initializer=_enter_netns,
+            initargs=(self.netns,))
+        self.api = self.call(self._admin_client)
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
 
     # The server's life ----------------------------------------------------------------
 
@@ -139,13 +146,17 @@ class Cluster:
             return int(f.read())
 
     def close(self):
+        self._disconnect()
+        subprocess.run([TOOL, 'stop', self.dir], capture_output=True, timeout=60)
+        subprocess.run(['ip', 'netns', 'delete', self.netns], capture_output=True, timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _disconnect(self):
         if self._pool is not None:
             with contextlib.suppress(Exception):
                 self.call(self.api.close)
             self._pool.shutdown(wait=True)
-        subprocess.run([TOOL, 'stop', self.dir], capture_output=True, timeout=60)
-        subprocess.run(['ip', 'netns', 'delete', self.netns], capture_output=True, timeout=30)
-        shutil.rmtree(self.dir, ignore_errors=True)
+            self._pool = None
 
     # Credentials --------------------------------------------------------------------------
 
@@ -361,12 +372,13 @@ class Cluster:
             context = ssl.create_default_context(cafile=self.ca_file)
             opened = []
             for node in nodes:
-                sock = context.wrap_socket(socket.create_connection((ADDRESS, PORT), 30),
-                                           server_hostname=ADDRESS)
+                sock = context.wrap_socket(
+                    socket.create_connection((self.address, self.port), 30),
+                    server_hostname=self.address)
                 sock.sendall(('GET /api/v1/pods?watch=true&fieldSelector=spec.nodeName%%3D%s'
                               '&resourceVersion=0&timeoutSeconds=300 HTTP/1.1\r\nHost: %s\r\n'
                               'Authorization: Bearer %s\r\n\r\n'
-                              % (node, ADDRESS, self.token('daemon'))).encode())
+                              % (node, self.address, self.token('daemon'))).encode())
                 opened.append(sock)
             return opened
         return self.call(open_all)
@@ -395,7 +407,8 @@ class Cluster:
 
         def request():
             context = ssl.create_default_context(cafile=self.ca_file)
-            conn = http.client.HTTPSConnection(ADDRESS, PORT, context=context, timeout=timeout)
+            conn = http.client.HTTPSConnection(self.address, self.port, context=context,
+                                               timeout=timeout)
             try:
                 conn.request(method, path, body, headers)
                 response = conn.getresponse()

@@ -61,11 +61,8 @@ def pods(cluster, node, controller):
     """Pods of this test (:class:`tests.node.kubenode.Pods`); all gone after it."""
     if node.daemon.poll() is not None:      # a test that stopped it failed
         node.start_daemon()
-    made = kubenode.Pods(cluster, node)
-    try:
+    with kubenode.pods_deleted_after(cluster, node) as made:
         yield made
-    finally:
-        made.delete_all()
     wait.until(lambda: not controller.ports, 60, 'the controller to see every pod gone')
     try:
         wait.until(lambda: node.leftovers() == kubenode.NOTHING, 30, 'nothing left')

@@ -82,8 +82,10 @@ def shipped_config():
 class KubeNode(testhost.Host):
     """kubelet + containerd + the daemon in a namespace of their own, named :attr:`name`."""
 
-    def __init__(self, cluster, prefix, name=NODE_NAME, kubelet_flags=KUBELET_FLAGS):
-        super().__init__(prefix=prefix)
+    def __init__(self, cluster, prefix, name=NODE_NAME, kubelet_flags=KUBELET_FLAGS,
+                 netns=None):
+        """``netns``: an existing namespace to run in (with no bridge of ours), else a new one."""
+        super().__init__(prefix=prefix, bridge=netns is None, netns=netns)
         self.cluster = cluster
         self.name = name
         self.kubelet_flags = list(kubelet_flags)
@@ -149,8 +151,8 @@ class KubeNode(testhost.Host):
                'KURYR_CNI_POD_CONFIG': os.path.join(self.workdir, 'kuryr-cni-node.conf'),
                'KURYR_CNI_DAEMON': testhost.daemon_command()[0],
                'NODE_NAME': self.name,
-               'KUBERNETES_SERVICE_HOST': k8s.ADDRESS,
-               'KUBERNETES_SERVICE_PORT': str(k8s.PORT)}
+               'KUBERNETES_SERVICE_HOST': self.cluster.address,
+               'KUBERNETES_SERVICE_PORT': str(self.cluster.port)}
         with open(self.daemon_log_path, 'ab') as log:
             # tools/node run, nsenter, env and the entrypoint exec each other: the
             # process is the daemon's parent.
@@ -421,6 +423,16 @@ def _json_of(response):
         return json.loads(response.read())
     finally:
         response.release_conn()
+
+
+@contextlib.contextmanager
+def pods_deleted_after(cluster, node):
+    """A test's :class:`Pods`, every one of them deleted, and gone, on leaving."""
+    made = Pods(cluster, node)
+    try:
+        yield made
+    finally:
+        made.delete_all()
 
 
 def is_running(pod):

@@ -45,31 +45,44 @@ def start_pod(stack, node, runtime, make_pod):
     started = time.monotonic()
     pod = make_pod()
     sandbox = sandbox_of(node, pod)
-    at = {}
-    port_id = None
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         add = pool.submit(runtime.add, sandbox)
-        while 'ADD answered' not in at:
-            now = time.monotonic() - started
-            if add.done():
-                at['ADD answered'] = now
-            if port_id is None:
-                ports = stack.ports_of(pod['metadata']['uid'])
-                if ports:
-                    port_id = ports[0]['id']
-                    at['port created'] = now
-            if 'KuryrPort written' not in at or 'KuryrPort active' not in at:
-                vif = (((stack.kuryrport(pod['metadata']['name']) or {}).get('status') or {})
-                       .get('vifs', {}).get('eth0', {}).get('vif'))
-                if vif:
-                    at.setdefault('KuryrPort written', now)
-                    if vif['versioned_object.data'].get('active'):
-                        at.setdefault('KuryrPort active', now)
-            if port_id and 'plugged' not in at and stack.plugged(port_id):
-                at['plugged'] = now
-            if port_id and 'ACTIVE' not in at and stack.port(port_id)['status'] == 'ACTIVE':
-                at['ACTIVE'] = now
-            if not add.done():
-                time.sleep(POLL)
+        at, port_id = observe(stack, pod, started, {'ADD answered': add.done})
         outcome = add.result()
     return Started(pod, sandbox, outcome, at, port_id)
+
+
+def observe(stack, pod, started, ends, timeout=300):
+    """Each step of :data:`STEPS` before the last, and each of ``ends`` (``{step: whether it
+    happened}``), as seconds after ``started`` (a ``time.monotonic()``), observed until every
+    one of ``ends`` happened; ``(at, the pod's Neutron port ID)``."""
+    at = {}
+    port_id = None
+    deadline = started + timeout
+    while True:
+        now = time.monotonic() - started
+        for step, happened in ends.items():
+            if step not in at and happened():
+                at[step] = now
+        if port_id is None:
+            ports = stack.ports_of(pod['metadata']['uid'])
+            if ports:
+                port_id = ports[0]['id']
+                at['port created'] = now
+        if 'KuryrPort written' not in at or 'KuryrPort active' not in at:
+            vif = (((stack.kuryrport(pod['metadata']['name']) or {}).get('status') or {})
+                   .get('vifs', {}).get('eth0', {}).get('vif'))
+            if vif:
+                at.setdefault('KuryrPort written', now)
+                if vif['versioned_object.data'].get('active'):
+                    at.setdefault('KuryrPort active', now)
+        if port_id and 'plugged' not in at and stack.plugged(port_id):
+            at['plugged'] = now
+        if port_id and 'ACTIVE' not in at and stack.port(port_id)['status'] == 'ACTIVE':
+            at['ACTIVE'] = now
+        if all(step in at for step in ends):
+            return at, port_id
+        if time.monotonic() > deadline:
+            raise AssertionError('after %d s, only %s of pod %s'
+                                 % (timeout, at, pod['metadata']['name']))
+        time.sleep(POLL)

@@ -1,12 +1,11 @@
 """Pods behind the real kuryr-controller and Neutron: ADD, traffic through OVN, DEL."""
 
 import ipaddress
-import subprocess
-import sys
 
 from tests import wait
 from tests.openstack import conftest
 from tests.openstack import steps
+from tests.openstack import tcp
 
 
 def _started(stack, node, runtime, pods):
@@ -50,7 +49,11 @@ def test_two_pods_reach_each_other_through_ovn(stack, node, runtime, pods):
     assert node.ping(a.sandbox.netns, address_b, count=3, wait=5)
     for pod in (a, b):
         stack.checksum_offload_off(pod.sandbox.netns)
-    assert _tcp_echo(stack, b.sandbox.netns, a.sandbox.netns, address_b) == b'through OVN'
+    assert tcp.echo(_in(b), _in(a), address_b) == b'through OVN'
+
+
+def _in(pod):
+    return ['ip', 'netns', 'exec', pod.sandbox.netns.rsplit('/', 1)[1]]
 
 
 def test_deleted_pod_leaves_nothing_behind(stack, node, runtime, pods):
@@ -66,40 +69,3 @@ def test_deleted_pod_leaves_nothing_behind(stack, node, runtime, pods):
     assert stack.port(started.port_id) is None
     assert stack.br_int_ports() == {}
     assert runtime.delete(started.sandbox).ok        # the runtime's repeated DEL
-
-
-SERVER = """
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('0.0.0.0', 7777))
-s.listen(1)
-print('listening', flush=True)
-s.settimeout(30)
-c, _ = s.accept()
-c.settimeout(30)
-c.sendall(c.recv(100))
-c.close()
-"""
-
-CLIENT = """
-import socket, sys
-c = socket.create_connection((sys.argv[1], 7777), timeout=15)
-c.sendall(b'through OVN')
-sys.stdout.write(c.recv(100).decode())
-"""
-
-
-def _tcp_echo(stack, server_netns, client_netns, address):
-    """What a TCP echo server in one pod sends back to a client in the other."""
-    server = subprocess.Popen(['ip', 'netns', 'exec', server_netns.rsplit('/', 1)[1],
-                               sys.executable, '-c', SERVER], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    try:
-        assert server.stdout.readline() == b'listening\n'
-        client = stack.run_in(client_netns, sys.executable, '-c', CLIENT, address)
-        assert client.returncode == 0, client.stderr
-        return client.stdout.encode()
-    finally:
-        server.kill()
-        server.wait(10)

@@ -18,6 +18,7 @@ Every variable the plugin reads from another project is checked against a
 list of where that project defines it.
 """
 
+import collections
 import configparser
 import http.server
 import json
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,12 @@ sudo() {
 }
 
 run_process() { _kc_record run_process "$@"; }
+
+# kuryr-kubernetes' plugin's functions, defined when it ran before ours.
+if [[ -z "${KC_NO_KURYR_PLUGIN:-}" ]]; then
+    create_kuryr_account() { _kc_record create_kuryr_account "$@"; }
+    configure_kuryr() { _kc_record configure_kuryr "$@"; }
+fi
 stop_process() { _kc_record stop_process "$@"; }
 install_package() { _kc_record install_package "$@"; }
 
@@ -136,8 +144,18 @@ _kc_record kubectl "$@"
 case "$1" in
     apply) cat > "$KC_APPLIED" ;;
     wait) [[ " $KC_NOT_READY " != *" ${3} "* ]] || exit 1 ;;
-    delete) [[ -n "${KC_DEVICE_STAYS:-}" ]] || echo '[]' > "$KC_LINKS" ;;
+    get) echo "$KC_UID" ;;
+    delete)
+        [[ -n "${KC_DEVICE_STAYS:-}" ]] || echo '[]' > "$KC_LINKS"
+        [[ -n "${KC_PORT_STAYS:-}" ]] || : > "$KC_PORT_STATUS"
+        ;;
 esac
+''',
+    # Neutron's answer: the status of the pod's port, until kubectl deleted the pod.
+    'openstack': r'''#!/bin/bash
+source "$KC_STUBS/functions.sh"
+_kc_record openstack "$@"
+cat "$KC_PORT_STATUS"
 ''',
     'crictl': r'''#!/bin/bash
 source "$KC_STUBS/functions.sh"
@@ -257,6 +275,7 @@ class Stack:
         self.calls_file = tmp_path / 'calls'
         self.applied = tmp_path / 'applied.yaml'      # what kubectl apply read
         self.links = tmp_path / 'links.json'          # what ip -j link show prints
+        self.port_status = tmp_path / 'port-status'   # what openstack port list prints
         r = self.root
         self.home = r / 'opt/stack/kuryr-cni'
         self.venv = r / 'opt/stack/data/venv-kuryr-cni'
@@ -296,6 +315,7 @@ class Stack:
             'KC_CALLS': str(self.calls_file),
             'KC_APPLIED': str(self.applied),
             'KC_LINKS': str(self.links),
+            'KC_PORT_STATUS': str(self.port_status),
             'KC_PYTHON': sys.executable,
             'KC_SHIM': shim,
             'KC_SETTINGS': str(SETTINGS),
@@ -505,6 +525,7 @@ FOREIGN = {
     'CNI_CONF_DIR': 'devstack-plugin-container: devstack/settings',
     'CONTAINER_ENGINE': 'devstack-plugin-container: devstack/settings',
     'K8S_TOKEN': 'devstack-plugin-container: devstack/lib/k8s',
+    'KURYR_CONFIG': 'kuryr-kubernetes: devstack/settings',
 }
 BASH = {'LINENO', 'SECONDS', 'BASH_SOURCE', 'LC_ALL'}
 
@@ -602,7 +623,7 @@ def test_post_config_writes_the_daemon_config(host):
     for unset in ('api_root', 'token_file', 'ca_file'):
         assert unset not in conf['kubernetes']
     assert conf['binding']['ovsdb_connection'] == 'unix:/run/openvswitch/db.sock'
-    assert conf['binding']['bridges'] == 'kuryr-br0,br-int,qbr*,kuryr-smoke0'
+    assert conf['binding']['bridges'] == 'kuryr-br0,br-int,qbr*'
     assert 'link_iface' not in conf['binding']
     assert (conf['health']['host'], conf['health']['port']) == ('::', host.env[
         'KURYR_CNI_HEALTH_PORT'])
@@ -804,19 +825,26 @@ def _link(ifname, alias=None):
     return link
 
 
+UID = '0d1c2b3a-4e5f-4a6b-8c7d-9e0f1a2b3c4d'       # what kubectl get answers
+
+
 @pytest.fixture
 def plumbed(host, ready_server):
-    """A node where the pod came up, its host device tagged, one ADD counted."""
+    """A node where the pod came up on an ACTIVE port, its host device tagged, one ADD
+    counted."""
     ready_server.metrics = METRICS % '1.0'
     host.links.write_text(json.dumps([
-        _link('lo'), _link('kuryr-smoke0'),
+        _link('lo'), _link('br-int'),
         _link('kc0123456789abc', 'kuryr-cni:%s:eth0' % SANDBOX),
         _link('kc1111111111111', 'kuryr-cni:%s:eth0' % ('b4' * 32))]))
+    host.port_status.write_text('ACTIVE\n')
     host.cni_conf_dir.mkdir(parents=True)
     (host.cni_conf_dir / '00-kuryr.conflist').write_text('{}')
-    (host.cni_conf_dir / '10-crio-bridge.conflist').write_text('{}')
+    (host.cni_conf_dir / '10-kuryr.conflist').write_text('{}')   # kuryr-kubernetes'
     host.env.update(KURYR_CNI_SMOKE_TEST='True', KC_SANDBOX=SANDBOX, KC_NOT_READY='',
-                    KURYR_CNI_NODE_NAME='node-1', KURYR_CNI_VIF_SOURCE='annotation')
+                    KC_UID=UID, KURYR_CNI_NODE_NAME='node-1',
+                    ENABLED_SERVICES='etcd3,container,kubernetes-master,kuryr-kubernetes,'
+                                     'kuryr-cni-daemon')
     return host
 
 
@@ -824,36 +852,35 @@ def plumbed(host, ready_server):
 def test_smoke_test_starts_a_pod_proves_it_plumbed_and_deletes_it(plumbed):
     host = plumbed
     proc = host.run('stack', 'test-config')
-    assert 'kuryr-cni plumbed pod kuryr-cni-smoke: sandbox %s, 1 successful ADDs' % SANDBOX \
-        in proc.stdout
+    assert ('kuryr-cni plumbed pod kuryr-cni-smoke: sandbox %s, port ACTIVE, '
+            '1 successful ADDs' % SANDBOX) in proc.stdout
 
     kubectl = host.calls('kubectl')
     assert [call[:2] for call in kubectl] == [
         ['wait', '--for=condition=Ready'], ['apply', '-f'],
-        ['wait', '--for=condition=Ready'], ['delete', 'pod']]
+        ['wait', '--for=condition=Ready'], ['get', 'pod'], ['delete', 'pod']]
     assert kubectl[0][2] == 'node/node-1' and kubectl[2][2] == 'pod/kuryr-cni-smoke'
     assert all(any(a.startswith('--timeout=300s') for a in call) for call in kubectl
-               if call[0] != 'apply')
+               if call[0] not in ('apply', 'get'))
     [crictl] = host.calls('crictl')
     assert crictl[:2] == ['--runtime-endpoint', 'unix:///var/run/crio/crio.sock']
     assert '^kuryr-cni-smoke$' in crictl and '--quiet' in crictl
-    ip_calls = host.calls('ip')
-    made = ip_calls.index(['link', 'add', 'kuryr-smoke0', 'type', 'bridge'])
-    assert ip_calls[made + 1] == ['link', 'set', 'kuryr-smoke0', 'up']
-    assert ['link', 'del', 'kuryr-smoke0'] in ip_calls[made:]
+    # Neutron asked for the pod's port: ACTIVE while it ran, none once it was deleted.
+    openstack = host.calls('openstack')
+    assert len(openstack) == 2
+    assert all(call[:4] == ['--os-cloud', 'devstack-admin', 'port', 'list'] and
+               call[call.index('--device-id') + 1] == UID for call in openstack)
+    assert host.calls('ip') == [['-j', 'link', 'show'], ['-j', 'link', 'show']]
 
 
-def test_smoke_pod_is_a_pod_on_this_node_whose_vif_the_daemon_accepts(plumbed):
-    from kuryr_cni import vif
+def test_smoke_pod_is_an_ordinary_pod_on_this_node(plumbed):
     proc = plumbed.run_code('kuryr_cni_smoke_pod kuryr-cni-smoke',
                             env={'KURYR_CNI_NODE_NAME': 'node-1'})
     pod = yaml.safe_load(proc.stdout)
     assert (pod['kind'], pod['metadata']['name']) == ('Pod', 'kuryr-cni-smoke')
     assert pod['spec']['nodeName'] == 'node-1'
-    vifs = vif.parse_annotation(pod['metadata']['annotations'][vif.ANNOTATION])
-    assert list(vifs) == ['eth0']
-    assert (vifs['eth0'].kind, vifs['eth0'].bridge, vifs['eth0'].active) == (
-        'bridge', 'kuryr-smoke0', True)
+    # Its VIF is kuryr-controller's to make: the pod names none.
+    assert 'annotations' not in pod['metadata']
     assert pod['spec']['containers'][0]['image'] == 'registry.k8s.io/pause:3.10'
 
 
@@ -867,11 +894,23 @@ def test_smoke_pod_is_a_pod_on_this_node_whose_vif_the_daemon_accepts(plumbed):
     ({'KC_SANDBOX': 'c5' * 32}, 'No host device carries the owner tag kuryr-cni:%s:eth0'
      % ('c5' * 32)),
     ({'KC_DEVICE_STAYS': '1'}, 'The host device of sandbox %s outlived' % SANDBOX),
+    ({'KC_PORT_STAYS': '1', 'KURYR_CNI_SMOKE_TIMEOUT': '2'},
+     'The Neutron port of pod kuryr-cni-smoke outlived it by 2s'),
 ])
 def test_smoke_test_fails_on_every_missing_proof(plumbed, breakage, words):
     proc = plumbed.run('stack', 'test-config', env=breakage, check=False)
     assert proc.returncode != 0
     assert words in proc.stderr, proc.stderr
+
+
+@needs_curl
+@pytest.mark.parametrize('status', ['DOWN', 'BUILD', ''])
+def test_smoke_test_fails_unless_neutron_says_the_port_is_active(plumbed, status):
+    plumbed.port_status.write_text(status + '\n' if status else '')
+    proc = plumbed.run('stack', 'test-config', check=False)
+    assert proc.returncode != 0
+    assert 'The Neutron port of pod kuryr-cni-smoke (device %s) is %s, not ACTIVE' % (
+        UID, status or 'missing') in proc.stderr
 
 
 @needs_curl
@@ -883,11 +922,15 @@ def test_smoke_test_fails_when_the_metrics_counted_no_add(plumbed, ready_server,
     assert 'counts no successful ADD' in proc.stderr
 
 
-def test_smoke_test_needs_the_annotation_source_its_pod_uses(plumbed):
-    proc = plumbed.run('stack', 'test-config', env={'KURYR_CNI_VIF_SOURCE': 'kuryrport'},
-                       check=False)
+@pytest.mark.parametrize('env, words', [
+    ({'KURYR_CNI_VIF_SOURCE': 'annotation'}, 'set KURYR_CNI_VIF_SOURCE=kuryrport'),
+    ({'ENABLED_SERVICES': 'etcd3,container,kubernetes-master,kuryr-cni-daemon'},
+     'enable_service kuryr-kubernetes'),
+])
+def test_smoke_test_needs_kuryr_controller_and_its_kuryrports(plumbed, env, words):
+    proc = plumbed.run('stack', 'test-config', env=env, check=False)
     assert proc.returncode != 0
-    assert 'set KURYR_CNI_VIF_SOURCE=annotation' in proc.stderr
+    assert words in proc.stderr
     assert plumbed.calls('kubectl') == []
 
 
@@ -904,6 +947,7 @@ def test_smoke_test_fails_when_another_config_comes_first(plumbed):
     {'KURYR_CNI_SMOKE_TEST': 'False'},
     # Subnodes: the pod is started once, from the node that has kubectl's admin access.
     {'ENABLED_SERVICES': 'container,k8s-node,kuryr-cni-daemon'},
+    {'ENABLED_SERVICES': 'container,kubernetes-worker,kuryr-kubernetes,kuryr-cni-daemon'},
 ])
 def test_smoke_test_runs_only_when_asked_on_the_master(plumbed, env):
     plumbed.run('stack', 'test-config', env=env)
@@ -999,39 +1043,203 @@ def _localrc(text):
 
 
 def _zuul_localrc():
+    return {key: str(value) for key, value in _zuul_job()['vars']['devstack_localrc'].items()}
+
+
+def _sample_services():
+    """The services local.conf.sample enables, and those it disables."""
+    text = (REPO / 'devstack' / 'local.conf.sample').read_text()
+    enabled, disabled = set(), set()
+    for verb, names in re.findall(r'^(enable|disable)_service (.+)$', text, re.M):
+        (enabled if verb == 'enable' else disabled).update(names.split())
+    return enabled, disabled
+
+
+def _zuul_job():
     with open(REPO / '.zuul.yaml') as f:
         [job] = [item['job'] for item in yaml.safe_load(f)
                  if 'job' in item and item['job']['name'] == 'kuryr-cni-devstack']
-    return {key: str(value) for key, value in job['vars']['devstack_localrc'].items()}
+    return job
 
 
-def test_local_conf_sample_enables_the_plugin_and_the_service():
-    sample = (REPO / 'devstack' / 'local.conf.sample').read_text().splitlines()
-    assert any(line.startswith('enable_plugin kuryr-cni ') for line in sample)
-    assert any(line.startswith('enable_plugin devstack-plugin-container ') for line in sample)
-    for service in ('kuryr-cni-daemon', 'container', 'k8s-master'):
-        assert 'enable_service %s' % service in sample
+def _zuul_services():
+    services = _zuul_job()['vars']['devstack_services']
+    return ({name for name, on in services.items() if on},
+            {name for name, on in services.items() if not on})
+
+
+def _settings_of(where):
+    return (_localrc((REPO / 'devstack' / 'local.conf.sample').read_text())
+            if where == 'local.conf.sample' else _zuul_localrc())
+
+
+def _services_of(where):
+    return _sample_services() if where == 'local.conf.sample' else _zuul_services()
+
+
+def _tier_conf(name):
+    """A configuration file tools/openstack writes (``kuryr/kuryr.conf``,
+    ``neutron/plugins/ml2/ml2_conf.ini``), read from the tool as shipped."""
+    text = (REPO / 'tools' / 'openstack').read_text()
+    body = re.search(r'cat >"\$etc/%s" <<EOF\n(.*?)\nEOF\n' % re.escape(name), text, re.S)
+    assert body, 'tools/openstack writes no %s' % name
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(body.group(1))
+    return parser
+
+
+# The gate topology: the services the job and the sample enable, as the offline
+# tiers run them (tools/openstack: Neutron ML2/OVN, kube-apiserver,
+# kuryr-controller; tools/node: kubelet on a container runtime), and the one
+# they must not: kuryr-kubernetes' own CNI daemon.
+TOPOLOGY_SERVICES = {'key', 'mysql', 'q-svc', 'ovn-controller', 'ovn-northd', 'ovs-vswitchd',
+                     'ovsdb-server', 'etcd3', 'container', 'kubernetes-master',
+                     'kuryr-kubernetes', 'kuryr-cni-daemon'}
+
+# What the job and the sample set, and where the tier sets the same: (variable,
+# tier file, section, option). kuryr-controller's drivers decide the VIFs the
+# daemon gets (a port per pod, VIFOpenVSwitch on br-int with ML2/OVN).
+TOPOLOGY_SETTINGS = [
+    ('Q_ML2_PLUGIN_MECHANISM_DRIVERS', 'neutron/plugins/ml2/ml2_conf.ini', 'ml2',
+     'mechanism_drivers'),
+    ('Q_ML2_TENANT_NETWORK_TYPE', 'neutron/plugins/ml2/ml2_conf.ini', 'ml2',
+     'tenant_network_types'),
+    ('KURYR_ENABLED_HANDLERS', 'kuryr/kuryr.conf', 'kubernetes', 'enabled_handlers'),
+    ('KURYR_POD_VIF_DRIVER', 'kuryr/kuryr.conf', 'kubernetes', 'pod_vif_driver'),
+    ('KURYR_VIF_POOL_DRIVER', 'kuryr/kuryr.conf', 'kubernetes', 'vif_pool_driver'),
+    ('KURYR_SUBNET_DRIVER', 'kuryr/kuryr.conf', 'kubernetes', 'pod_subnets_driver'),
+    ('KURYR_SG_DRIVER', 'kuryr/kuryr.conf', 'kubernetes', 'pod_security_groups_driver'),
+    ('KURYR_PROJECT_DRIVER', 'kuryr/kuryr.conf', 'kubernetes', 'pod_project_driver'),
+]
+
+
+@pytest.mark.parametrize('where', ['local.conf.sample', '.zuul.yaml'])
+def test_the_sample_and_the_job_run_the_tiers_topology(where):
+    enabled, disabled = _services_of(where)
+    assert TOPOLOGY_SERVICES <= enabled, sorted(TOPOLOGY_SERVICES - enabled)
+    assert 'kuryr-daemon' in disabled and 'kuryr-daemon' not in enabled
+    # devstack-plugin-container's own kubeadm would be a second Kubernetes.
+    assert 'k8s-master' not in enabled
+    settings = _settings_of(where)
+    for variable, name, section, option in TOPOLOGY_SETTINGS:
+        assert settings.get(variable) == _tier_conf(name)[section][option], variable
+    assert settings['KURYR_K8S_CONTAINERIZED_DEPLOYMENT'].lower() == 'false'
+    assert settings.get('KURYR_CNI_VIF_SOURCE', 'kuryrport') == 'kuryrport'
+
+
+@pytest.mark.parametrize('where', ['local.conf.sample', '.zuul.yaml'])
+def test_kuryr_kubernetes_plugin_comes_before_ours(where):
+    # Phase by phase, plugins run in this order: ours replaces its kuryr-cni executable.
+    if where == '.zuul.yaml':
+        plugins = list(_zuul_job()['vars']['devstack_plugins'])
+    else:
+        plugins = re.findall(r'^enable_plugin (\S+) ',
+                             (REPO / 'devstack' / 'local.conf.sample').read_text(), re.M)
+    assert plugins.index('kuryr-kubernetes') < plugins.index('kuryr-cni')
+
+
+def test_the_job_writes_the_daemon_config_the_tiers_run(host):
+    """What post-config writes with the job's settings is the configuration the gate tier
+    runs the daemon on (the DaemonSet's), and names the source the openstack tier's has."""
+    from tests.node import kubenode
+    from tests.openstack import stack as osstack
+    settings = _zuul_localrc()
+    for default in ('KURYR_CNI_HEALTH_PORT', 'KURYR_CNI_PROMETHEUS_PORT',
+                    'KURYR_CNI_KUBECONFIG'):
+        del host.env[default]
+    enabled, _ = _zuul_services()
+    host.run('stack', 'post-config', env=dict(settings,
+                                              ENABLED_SERVICES=','.join(sorted(enabled))))
+    written = _read_conf(host.conf)
+    shipped = configparser.ConfigParser(interpolation=None)
+    shipped.read_string(kubenode.shipped_config()['kuryr-cni.conf'])
+    for section in shipped.sections():
+        for option in set(shipped.options(section)) - set(shipped.defaults()):
+            assert written[section][option].replace(str(host.root), '') == \
+                shipped[section][option], (section, option)
+    tier = configparser.ConfigParser(interpolation=None)
+    tier.read_string(osstack.Stack.daemon_config(
+        types.SimpleNamespace(node='node1', env=collections.defaultdict(str)), 60))
+    assert written['cni_daemon']['vif_source'] == tier['cni_daemon']['vif_source']
+    # The API server and credentials: kuryr-controller's, from its kuryr.conf.
+    assert not written.has_option('kubernetes', 'kubeconfig')
+    assert host.calls('configure_kuryr') == [[]]
+    # The conflist is the one the gate tier's node installs.
+    rendered = (host.cni_conf_dir / '00-kuryr.conflist').read_text()
+    assert json.loads(rendered.replace(str(host.root), '')) == json.loads(
+        (REPO / 'etc' / 'cni' / '10-kuryr.conflist').read_text())
+
+
+def test_the_consistency_check_sees_a_job_that_leaves_ovn(monkeypatch):
+    job = _zuul_job()
+    job['vars']['devstack_localrc']['Q_ML2_PLUGIN_MECHANISM_DRIVERS'] = 'openvswitch'
+    monkeypatch.setattr(sys.modules[__name__], '_zuul_job', lambda: job)
+    with pytest.raises(AssertionError, match='Q_ML2_PLUGIN_MECHANISM_DRIVERS'):
+        test_the_sample_and_the_job_run_the_tiers_topology('.zuul.yaml')
 
 
 @pytest.mark.parametrize('where', ['local.conf.sample', '.zuul.yaml'])
 def test_the_sample_and_the_job_set_what_kubeadm_needs(host, where):
-    settings = (_localrc((REPO / 'devstack' / 'local.conf.sample').read_text())
-                if where == 'local.conf.sample' else _zuul_localrc())
-    assert settings['K8S_NETWORK_ADDON'] == 'none'
+    settings = _settings_of(where)
     base = {k: v for k, v in host.env.items() if k not in ('CONTAINER_ENGINE', 'K8S_TOKEN')}
     proc = host.run_code('check_kuryr_cni_kubernetes_settings', base=base,
-                         env=dict(settings, ENABLED_SERVICES='container,k8s-master'))
+                         env=dict(settings, ENABLED_SERVICES='container,kubernetes-master'))
     assert proc.returncode == 0, proc.stderr
 
 
-def test_the_check_refuses_what_the_sample_and_the_job_once_lacked(host):
+@pytest.mark.parametrize('services', ['container,k8s-master', 'container,kubernetes-master'])
+def test_the_check_refuses_what_kubeadm_cannot_run_on(host, services):
     base = {k: v for k, v in host.env.items() if k not in ('CONTAINER_ENGINE', 'K8S_TOKEN')}
     proc = host.run_code('check_kuryr_cni_kubernetes_settings', base=base,
-                         env={'ENABLED_SERVICES': 'container,k8s-master'})
+                         env={'ENABLED_SERVICES': services})
     assert proc.returncode != 0 and 'CONTAINER_ENGINE' in proc.stderr
 
 
 def test_the_job_runs_the_smoke_test():
     assert _zuul_localrc()['KURYR_CNI_SMOKE_TEST'] in ('True', 'true')
-    # Its pod carries its VIF in an annotation; the plugin's default is kuryrport.
-    assert _zuul_localrc()['KURYR_CNI_VIF_SOURCE'] == 'annotation'
+
+
+# --- beside kuryr-kubernetes' plugin -------------------------------------------------
+
+KURYR_SERVICES = 'etcd3,container,kubernetes-master,kuryr-kubernetes,kuryr-cni-daemon'
+
+
+def test_install_refuses_kuryr_daemon_beside_ours(host):
+    proc = host.run('stack', 'install', env={'ENABLED_SERVICES': KURYR_SERVICES
+                                             + ',kuryr-daemon'}, check=False)
+    assert proc.returncode != 0
+    assert 'disable_service kuryr-daemon' in proc.stderr
+    assert host.calls('pip') == []
+
+
+def test_post_config_has_kuryr_controllers_config_written(host):
+    host.run('stack', 'post-config', env={'ENABLED_SERVICES': KURYR_SERVICES})
+    assert host.calls('create_kuryr_account') == [[]]
+    assert host.calls('configure_kuryr') == [[]]
+
+
+def test_post_config_needs_kuryr_kubernetes_plugin_first(host):
+    proc = host.run('stack', 'post-config', env={'ENABLED_SERVICES': KURYR_SERVICES,
+                                                 'KC_NO_KURYR_PLUGIN': '1'}, check=False)
+    assert proc.returncode != 0
+    assert 'put its enable_plugin line first' in proc.stderr
+
+
+@needs_curl
+def test_extra_runs_the_daemon_on_kuryr_controllers_config_then_its_own(host):
+    env = {'ENABLED_SERVICES': KURYR_SERVICES, 'KURYR_CONFIG': '/etc/kuryr/kuryr.conf'}
+    host.run('stack', 'install', env=env)
+    host.run('stack', 'post-config', env=env)
+    host.run('stack', 'extra', env=env)
+    [[name, command, *_]] = host.calls('run_process')
+    assert command == '%s/bin/kuryr-cni-daemon --config-file /etc/kuryr/kuryr.conf ' \
+        '--config-file %s' % (host.venv, host.conf)
+
+
+def test_extra_refuses_kuryr_kubernetes_executable_in_place_of_our_shim(host):
+    host.run('stack', 'install')
+    (host.cni_bin_dir / 'kuryr-cni').write_text('kuryr-kubernetes\' kuryr-cni')
+    proc = host.run('stack', 'extra', check=False)
+    assert proc.returncode != 0
+    assert 'is not kuryr-cni\'s shim' in proc.stderr
+    assert host.calls('run_process') == []

@@ -19,7 +19,7 @@ from kuryr_cni import metrics
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / 'doc' / 'source'
 PAGES = ('index', 'architecture', 'ownership', 'install', 'configuration', 'migration',
-         'operations', 'security', 'troubleshooting', 'benchmark')
+         'operations', 'security', 'troubleshooting', 'benchmark', 'gate')
 
 
 @pytest.fixture(scope='module')

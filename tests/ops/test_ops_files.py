@@ -448,12 +448,15 @@ def test_zuul_devstack_job_enables_the_plugin_and_the_service():
     job = jobs['kuryr-cni-devstack']
     assert job['parent'] in ('devstack', 'devstack-minimal')
     assert 'openstack/kuryr-cni' in job['required-projects']
-    assert 'openstack/devstack-plugin-container' in job['required-projects']
+    for project in ('devstack-plugin-container', 'kuryr-kubernetes', 'neutron'):
+        assert 'openstack/' + project in job['required-projects']
     variables = job['vars']
-    assert set(variables['devstack_plugins']) >= {'kuryr-cni', 'devstack-plugin-container'}
+    assert set(variables['devstack_plugins']) >= {'kuryr-cni', 'devstack-plugin-container',
+                                                  'kuryr-kubernetes'}
     services = variables['devstack_services']
     assert services['kuryr-cni-daemon'] is True
-    assert services['k8s-master'] is True
+    assert services['kuryr-kubernetes'] is True
+    assert services['kuryr-daemon'] is False
 
 
 def test_zuul_pipelines_run_every_tier_and_the_devstack_job():
