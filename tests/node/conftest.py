@@ -59,10 +59,12 @@ def controller(cluster, node):
 @pytest.fixture
 def pods(cluster, node, controller):
     """Pods of this test (:class:`tests.node.kubenode.Pods`); all gone after it."""
-    if node.daemon.poll() is not None:      # a test that stopped it failed
-        node.start_daemon()
     with kubenode.pods_deleted_after(cluster, node) as made:
-        yield made
+        try:
+            yield made
+        finally:
+            if node.daemon.poll() is not None:      # a test that stopped it failed
+                node.start_daemon()     # or nothing could delete its pods
     wait.until(lambda: not controller.ports, 60, 'the controller to see every pod gone')
     try:
         wait.until(lambda: node.leftovers() == kubenode.NOTHING, 30, 'nothing left')

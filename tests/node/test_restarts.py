@@ -24,9 +24,12 @@ def test_the_daemon_restarted_while_pods_run_and_go(node, controller, pods):
     pods.delete('r-3')
     pods.wait_gone(['r-3'])
     queued = node.queued_dels()
-    assert queued
-    assert {(sent['CNI_COMMAND'], sent['CNI_CONTAINERID'])
-            for sent in node.queued_del_bodies(queued)} == {('DEL', sandboxes['r-3'])}
+    # kubelet may meanwhile send DELs of earlier tests' sandboxes too (its cleanup of
+    # pods gone): the shim queues them as well, and they are replayed as no-ops.
+    of_r3 = [sent for sent in node.queued_del_bodies(queued)
+             if 'K8S_POD_NAME=r-3' in sent['CNI_ARGS'].split(';')]
+    assert {(sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) for sent in of_r3} == {
+        ('DEL', sandboxes['r-3'])}
     # Its host device went with its namespace; its binding waits for the DELs.
     assert helpers.binding(node, 'default/r-3')['owner'] == sandboxes['r-3']
 
@@ -37,9 +40,10 @@ def test_the_daemon_restarted_while_pods_run_and_go(node, controller, pods):
     # one more): the first unplugged r-3, the others found nothing left.
     replayed = REPLAYED.findall(node.daemon_log()[log_start:])
     assert set(queued) <= {os.path.basename(path) for path, _, _ in replayed}, replayed
-    assert {cid for _, cid, _ in replayed} == {sandboxes['r-3']}, replayed
-    assert sorted(outcome for _, _, outcome in replayed) == \
-        ['noop'] * (len(replayed) - 1) + ['success'], replayed
+    outcomes = sorted(outcome for _, cid, outcome in replayed if cid == sandboxes['r-3'])
+    assert len(outcomes) >= len(of_r3), replayed
+    assert outcomes == ['noop'] * (len(outcomes) - 1) + ['success'], replayed
+    assert {outcome for _, cid, outcome in replayed if cid != sandboxes['r-3']} <= {'noop'}
     assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == len(replayed)
     assert host_sandboxes(node) == {sandboxes['r-1'], sandboxes['r-2']}
     assert helpers.binding(node, 'default/r-3') is None
@@ -60,10 +64,12 @@ def test_the_daemon_killed_while_kubelet_deletes_a_pod(node, controller, pods):
     # kubelet's DELs of k-1's sandbox could not be delivered: the shim queued them and
     # answered success, so kubelet let the pod go.
     queued = node.queued_dels()
-    assert queued
     # What kubelet and containerd sent, as the shim kept it: DELs of k-1's sandbox, each
-    # naming the pod and its UID.
-    for sent in node.queued_del_bodies(queued):
+    # naming the pod and its UID (and maybe DELs of earlier tests' sandboxes).
+    of_k1 = [sent for sent in node.queued_del_bodies(queued)
+             if 'K8S_POD_NAME=k-1' in sent['CNI_ARGS'].split(';')]
+    assert of_k1
+    for sent in of_k1:
         assert (sent['CNI_COMMAND'], sent['CNI_CONTAINERID']) == ('DEL', sandbox)
         assert dict(pair.split('=', 1) for pair in sent['CNI_ARGS'].split(';')) == {
             'IgnoreUnknown': '1', 'K8S_POD_NAMESPACE': 'default', 'K8S_POD_NAME': 'k-1',
