@@ -63,9 +63,10 @@ def test_deleted_pod_leaves_nothing_behind(stack, node, runtime, pods):
     stack.wait_for_status(started.port_id, 'DOWN')
     stack.delete_pod(started.name)
     # kuryr-controller deletes the port, then lifts its finalizers: the KuryrPort and the
-    # pod go only once the port is gone.
-    wait.until(lambda: stack.pod(started.name) is None, 60, 'the pod to be gone', 0.1)
-    assert stack.kuryrport(started.name) is None
+    # pod go only once the port is gone, in either order.
+    wait.until(lambda: stack.pod(started.name) is None
+               and stack.kuryrport(started.name) is None,
+               60, 'the pod and its KuryrPort to be gone', 0.1)
     assert stack.port(started.port_id) is None
     assert stack.br_int_ports() == {}
     assert runtime.delete(started.sandbox).ok        # the runtime's repeated DEL
