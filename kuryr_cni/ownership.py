@@ -41,8 +41,6 @@ from kuryr_cni.cni import result as cni_result
 LOG = logging.getLogger(__name__)
 
 PRIMARY_IFNAME = 'eth0'     # the annotation's key for the interface named by CNI_IFNAME
-_POLL_FIRST = 0.005
-_POLL_MAX = 0.1
 
 
 class Ownership:
@@ -170,18 +168,20 @@ class Ownership:
         self._wait(req.pod, deadline, 'active', active)
 
     def _wait(self, pod, deadline, what, ready):
-        """Poll the registry until ``pod``'s record satisfies ``ready``.
+        """Read ``pod``'s record until it satisfies ``ready``, each time its rows change.
 
-        Polling (not a Manager Condition) because a worker killed while holding
-        a Manager-side lock would wedge every waiter; a poll costs ~0.2 ms.
-        A record without UID (a static pod's KuryrPort) matches any UID; a
-        ``gone`` record (the pod was deleted before its VIFs were published)
-        fails at once. A timeout is also reported as a Kubernetes Event on
-        the pod (``events``, best effort, never waited for).
+        The registry's change counters (:class:`kuryr_cni.registry.Changes`,
+        shared memory) say when to read again, not a Manager Condition: a
+        worker killed while holding a Manager-side lock would wedge every
+        waiter. A record without UID (a static pod's KuryrPort) matches any
+        UID; a ``gone`` record (the pod was deleted before its VIFs were
+        published) fails at once. A timeout is also reported as a Kubernetes
+        Event on the pod (``events``, best effort, never waited for).
         """
-        delay = _POLL_FIRST
+        changes = self.registry.changes
         started = time.monotonic()
         while True:
+            seen = changes.version(pod.key)     # before the read: a later change moves it
             record = self.registry.pods.get(pod.key)
             # A record without UID is a static pod's (KuryrPort source): no UID fence.
             if record and not (pod.uid is None or record['uid'] in (None, pod.uid)):
@@ -203,8 +203,7 @@ class Ownership:
                 raise errors.TryAgainLater('timed out waiting for the VIFs of pod %s%s to be %s%s'
                                            % (pod.key, _uid_note(pod), what,
                                               vif_model.inactive_note((record or {}).get('vifs'))))
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, _POLL_MAX)
+            changes.wait(pod.key, seen, remaining)
 
     def _refuse_moved_sandbox(self, binding, req):
         """Refuse an ADD naming another namespace than its sandbox's record.

@@ -9,7 +9,9 @@ It holds four small tables:
   each started, which came last for each pod, the addresses each reserved);
 * ``status``: daemon health facts (:class:`StatusTable`: processes and their
   heartbeats, watcher sync, ...);
-* ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``.
+* ``stale_dels``: the last rejected stale DELs, for ``kuryr-cni-ctl``;
+
+and :class:`Changes`, which tells waiters that a pod's rows changed.
 
 Each table is an object living in the Manager process whose methods run there
 under a plain ``threading.Lock`` held only for the duration of one call, so every
@@ -27,6 +29,7 @@ import signal
 import threading
 import time
 import typing
+import zlib
 
 import setproctitle
 
@@ -37,6 +40,58 @@ PR_SET_PDEATHSIG = 1
 # which ADD of a pod came last no longer matters, and the entry may go.
 NEWEST_ADD_TTL = 600
 NEWEST_ADD_PRUNE_AT = 1024
+CHANGE_SLOTS = 4096
+CHANGE_POLL = 0.005     # seconds between looks at a counter
+
+_changes = None         # in the Manager process: the Changes its tables bump
+
+
+class Changes:
+    """Which pods' rows changed, for waiters in every daemon process, without a Manager call.
+
+    One counter per slot (a pod's slot: a CRC of its key) in shared memory
+    mapped before the Manager and the daemon's processes fork. Only the Manager
+    bumps them, after a write to the pods or bindings table and under a lock of
+    its own, so no bump is lost. A waiter notes its pod's counter, reads the
+    registry, and then looks at the counter every :data:`CHANGE_POLL` seconds
+    (a read of shared memory) until it moves: a change is seen within
+    milliseconds, and the registry is read again only then. Pods sharing a slot
+    cost a spurious read, never a missed change.
+    """
+
+    def __init__(self, slots=CHANGE_SLOTS):
+        self._counters = multiprocessing.RawArray(ctypes.c_uint32, slots)
+        self._lock = threading.Lock()
+
+    def _slot(self, key):
+        return zlib.crc32(key.encode()) % len(self._counters)
+
+    def version(self, key):
+        """``key``'s counter: note it before reading the registry, then :meth:`wait`."""
+        return self._counters[self._slot(key)]
+
+    def wait(self, key, seen, timeout):
+        """Until ``key``'s counter is not ``seen`` (True) or ``timeout`` seconds pass (False)."""
+        slot = self._slot(key)
+        deadline = time.monotonic() + timeout
+        while self._counters[slot] == seen:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(CHANGE_POLL, remaining))
+        return True
+
+    def bump(self, keys=None):
+        """Move the counters of ``keys`` (None: all); the Manager's tables call it."""
+        slots = range(len(self._counters)) if keys is None else {self._slot(k) for k in keys}
+        with self._lock:
+            for slot in slots:
+                self._counters[slot] = (self._counters[slot] + 1) & 0xFFFFFFFF
+
+
+def _changed(keys=None):
+    if _changes is not None:    # None: a table used outside a Manager (unit tests)
+        _changes.bump(keys)
 
 
 class _Table:
@@ -71,6 +126,18 @@ class _Table:
 
 class PodTable(_Table):
     """Pods of this node as the watcher last saw them."""
+
+    def put(self, key, value):
+        super().put(key, value)
+        _changed([key])
+
+    def drop(self, key):
+        super().drop(key)
+        _changed([key])
+
+    def replace(self, rows):
+        super().replace(rows)
+        _changed()
 
 
 class ProcessBeat(typing.NamedTuple):
@@ -230,17 +297,20 @@ class BindingTable(_Table):
     def put(self, key, value):
         with self._lock:
             self._put(key, value)
+        _changed([key])
 
     def drop(self, key):
         with self._lock:
             self._unindex(key)
             self._rows.pop(key, None)
+        _changed([key])
 
     def replace(self, rows):
         with self._lock:    # one atomic update: no reader sees a half-filled table
             self._rows, self._by_container, self._by_address = {}, {}, {}
             for key, value in rows.items():
                 self._put(key, value)
+        _changed()
 
     def _put(self, key, value):
         self._unindex(key)
@@ -376,7 +446,7 @@ _RegistryManager.register('StatusTable', StatusTable)
 _RegistryManager.register('StaleDelLog', StaleDelLog)
 
 
-def _init_manager_process(title, parent_pid):
+def _init_manager_process(title, parent_pid, changes):
     # cotyledon's SIGINT fast exit and any crash of the parent would otherwise
     # orphan this process (it ignores SIGINT): the kernel ends it when the
     # parent goes. The signal is tied to the forking thread, which is the
@@ -388,16 +458,19 @@ def _init_manager_process(title, parent_pid):
     if os.getppid() != parent_pid:
         os._exit(1)
     setproctitle.setproctitle(title)
+    global _changes
+    _changes = changes
 
 
 class Registry:
     """Proxies to the tables; picklable, and usable after fork."""
 
-    def __init__(self, pods, bindings, status, stale_dels):
+    def __init__(self, pods, bindings, status, stale_dels, changes):
         self.pods = pods
         self.bindings = bindings
         self.status = status
         self.stale_dels = stale_dels
+        self.changes = changes
 
     @classmethod
     def start(cls, title='kuryr-cni-daemon: registry', address=None):
@@ -409,10 +482,11 @@ class Registry:
         multiprocessing make one in a ``pymp-*`` directory under TMPDIR,
         which a Manager ended by a signal leaves behind.
         """
+        changes = Changes()     # before the fork: shared with the Manager and its clients
         manager = _RegistryManager(address=address, ctx=multiprocessing.get_context('fork'))
-        manager.start(_init_manager_process, (title, os.getpid()))
+        manager.start(_init_manager_process, (title, os.getpid(), changes))
         return manager, cls(manager.PodTable(), manager.BindingTable(), manager.StatusTable(),
-                            manager.StaleDelLog())
+                            manager.StaleDelLog(), changes)
 
     # The watcher's sink (kuryr_cni.listwatch) --------------------------------
 

@@ -161,6 +161,62 @@ def test_concurrent_writers_lose_nothing(reg, children):
     assert reg.pods.get('ns3/pod-49') == {'uid': '49'}
 
 
+# -- change counters ---------------------------------------------------------
+
+def _child_puts_and_drops(reg, key):
+    reg.put_pod(key, {'uid': 'u-child'})
+    reg.drop_pod(key)
+
+
+def test_a_write_in_another_process_wakes_a_waiter(reg, children):
+    seen = reg.changes.version('demo/web-0')
+    proc = FORK.Process(target=_child_puts_and_drops, args=(reg, 'demo/web-0'))
+    children.append(proc)
+    proc.start()
+    assert reg.changes.wait('demo/web-0', seen, 30)
+    proc.join(30)
+    assert reg.changes.version('demo/web-0') == (seen + 2) & 0xFFFFFFFF
+
+
+@pytest.mark.parametrize('write', [
+    lambda reg, key: reg.pods.put(key, {'uid': 'u'}),
+    lambda reg, key: reg.pods.drop(key),
+    lambda reg, key: reg.pods.replace({}),
+    lambda reg, key: reg.bindings.put(key, records.Binding(key).summary()),
+    lambda reg, key: reg.bindings.drop(key),
+    lambda reg, key: reg.bindings.replace({}),
+], ids=['pod put', 'pod drop', 'pod replace', 'binding put', 'binding drop',
+        'binding replace'])
+def test_every_write_of_a_pods_rows_moves_its_counter(reg, write):
+    seen = reg.changes.version('demo/web-0')
+    write(reg, 'demo/web-0')
+    assert reg.changes.version('demo/web-0') != seen
+
+
+def test_a_wait_without_change_ends_at_its_timeout(reg):
+    seen = reg.changes.version('demo/web-0')
+    reg.pods.put('demo/other', {'uid': 'u'})        # another slot (CRC of the key)
+    assert not reg.changes.wait('demo/web-0', seen, 0.05)
+
+
+def _child_puts_one_pod(reg, key, count):
+    for _ in range(count):
+        reg.put_pod(key, {'uid': 'u'})
+
+
+def test_concurrent_writers_lose_no_bump(reg, children):
+    seen = reg.changes.version('ns0/pod-0')
+    procs = [FORK.Process(target=_child_puts_one_pod, args=(reg, 'ns0/pod-0', 50))
+             for _ in range(4)]
+    children.extend(procs)
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert reg.changes.version('ns0/pod-0') == seen + 200
+
+
 def test_find_container_follows_puts_drops_and_replace(reg):
     table = reg.bindings
     assert table.find_container('c1') is None
