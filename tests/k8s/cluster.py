@@ -117,9 +117,7 @@ class Cluster:
 
     def _connect(self):
         """The admin's clients, on threads inside :attr:`netns`."""
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            8, thread_name_prefix='k8s-admin', initializer=_enter_netns,
-            initargs=(self.netns,))
+        self._pool = self.executor(8, 'k8s-admin')
         self.api = self.call(self._admin_client)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -212,6 +210,12 @@ class Cluster:
     def submit(self, fn, *args, **kwargs):
         """Start ``fn(*args, **kwargs)`` on a thread inside the namespace; its Future."""
         return self._pool.submit(fn, *args, **kwargs)
+
+    def executor(self, workers, name):
+        """A pool of ``workers`` threads of its own inside the namespace, for a caller
+        whose API calls must not queue behind everyone else's."""
+        return concurrent.futures.ThreadPoolExecutor(
+            workers, thread_name_prefix=name, initializer=_enter_netns, initargs=(self.netns,))
 
     def map(self, fn, items):
         return list(self._pool.map(fn, items, timeout=CALL_TIMEOUT * 10))

@@ -59,8 +59,8 @@ class Clock:
         while not self._stop.is_set():
             for event in watch.Watch().stream(
                     api.list_namespaced_pod, 'default', timeout_seconds=5,
-                    field_selector='spec.nodeName=' + self.node.name):
-                pod = api.api_client.sanitize_for_serialization(event['object'])
+                    field_selector='spec.nodeName=' + self.node.name, deserialize=False):
+                pod = event['object']
                 if kubenode.is_running(pod):
                     self.running.setdefault(pod['metadata']['uid'], time.monotonic())
                 if self._stop.is_set():

@@ -14,32 +14,43 @@ Its Neutron half marks a port active only once the port's host side exists,
 as Neutron does: a link with the VIF's MAC in one of the node's pod
 namespaces, whose veth peer is a port of the VIF's bridge. The pod
 namespaces are containerd's bind mounts, which exist only in the node's
-mount namespace: they are reached through ``/proc/<holder>/root``. No event
-announces a link in another namespace to this process, so it looks every
-:data:`INTERVAL` seconds while a port waits, opening only namespaces where no
-VIF has been found yet, and only those holding more than ``lo``.
+mount namespace: they are reached through ``/proc/<holder>/root``. Like
+Neutron's agents, which follow their bridge's changes as they happen, it
+looks again whenever a link of the node's namespace changes (where every
+host end lives, so every plug changes one), and every :data:`RESCAN`
+seconds regardless. A look reads only namespaces where no VIF has been found
+yet and that hold more than ``lo``, one link at a time (a dump of a
+namespace's links decodes dozens of attributes of each).
 """
 
-import concurrent.futures
 import contextlib
 import glob
 import os
+import select
+import socket
 import threading
 import time
 import uuid
 
 from kubernetes import client
 from kubernetes import watch
+from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
+from pyroute2.netlink.rtnl import RTM_GETLINK, RTMGRP_LINK
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from kuryr_cni import netns
+from kuryr_cni import rtnl
 from tests.unit import osvif_fixtures as fx
 from tools.testbed import host as testhost
 
-INTERVAL = 0.05
+RESCAN = 0.5                  # seconds between looks when no link changes
+RELIST = 0.05                 # seconds before listing again after a failed watch
 SUBNET = testhost.SUBNET_PREFIX + '.0/24'
 FIRST, LAST = 2, 254          # host numbers handed out in SUBNET
 WATCH_SECONDS = 5             # each watch request's own timeout: stop() is seen that soon
-WORKERS = 8                   # API calls for different pods in flight at once
+# API calls for different pods in flight at once, on threads of its own: the
+# test's calls are not kuryr-controller's to queue behind.
+WORKERS = 8
 
 
 class Port:
@@ -75,8 +86,7 @@ class Controller:
         self._wanted = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._known_ns = {}         # pod namespace path -> MACs found there
-        self._pool = concurrent.futures.ThreadPoolExecutor(WORKERS,
-                                                           thread_name_prefix='stand-in-api')
+        self._pool = cluster.executor(WORKERS, 'stand-in-api')
         self._threads = [threading.Thread(target=self._neutron, daemon=True,
                                           name='stand-in-neutron')]
         self._watching = cluster.submit(self._watch)
@@ -119,14 +129,17 @@ class Controller:
         while not self._stop.is_set():
             try:
                 if version is None:
-                    listed = api.list_pod_for_all_namespaces(field_selector=selector)
-                    for pod in listed.items:
-                        self._ensure_port(api.api_client.sanitize_for_serialization(pod))
-                    version = listed.metadata.resource_version
+                    listed = self.cluster._json(api.list_pod_for_all_namespaces,
+                                                field_selector=selector)
+                    for pod in listed['items']:
+                        self._ensure_port(pod)
+                    version = listed['metadata']['resourceVersion']
+                # Raw JSON: the client's models cost milliseconds of CPU per pod.
                 for event in watch.Watch().stream(
                         api.list_pod_for_all_namespaces, field_selector=selector,
-                        resource_version=version, timeout_seconds=WATCH_SECONDS):
-                    pod = api.api_client.sanitize_for_serialization(event['object'])
+                        resource_version=version, timeout_seconds=WATCH_SECONDS,
+                        deserialize=False):
+                    pod = event['object']
                     version = pod['metadata']['resourceVersion']
                     if event['type'] == 'DELETED':
                         self._delete_port(pod)
@@ -137,7 +150,7 @@ class Controller:
             except Exception as exc:    # expired (410), or the server went: list again
                 self.errors.append(repr(exc))
                 version = None
-                self._stop.wait(INTERVAL)
+                self._stop.wait(RELIST)
 
     def _ensure_port(self, pod):
         meta = pod['metadata']
@@ -150,15 +163,20 @@ class Controller:
             port.written = self._pool.submit(self._write, port)
 
     def _write(self, port):
-        try:
-            # Another incarnation's port under this name goes first, as the controller's
-            # finalizer on the old pod would have it.
-            with contextlib.suppress(client.exceptions.ApiException):
-                self.cluster.call(self._custom().delete_namespaced_custom_object,
-                                  'openstack.org', 'v1', port.namespace, 'kuryrports',
-                                  port.name)
+        def create():
             self.cluster.create_kuryrport(port.namespace, port.name, self.node.name, port.uid,
                                           port.vifs(active=False))
+        try:
+            try:
+                create()
+            except client.exceptions.ApiException as exc:
+                if exc.status != 409:
+                    raise
+                # Another incarnation's port under this name goes first, as the
+                # controller's finalizer on the old pod would have it.
+                self._custom().delete_namespaced_custom_object(
+                    'openstack.org', 'v1', port.namespace, 'kuryrports', port.name)
+                create()
         except Exception as exc:
             self.errors.append(repr(exc))
             raise
@@ -197,21 +215,30 @@ class Controller:
     # Neutron ------------------------------------------------------------------------------
 
     def _neutron(self):
-        while not self._stop.is_set():
-            with self._lock:
-                waiting = [p for p in self.ports.values() if not p.activating]
-                if not waiting:
-                    self._wanted.wait(1)
-                    continue
-            try:
-                plugged = self._host_sides({port.mac for port in waiting})
-                for port in waiting:
-                    if port.mac in plugged:
-                        port.activating = True
-                        self._pool.submit(self._activate, port)
-            except Exception as exc:    # the node changing under the scan: next turn
-                self.errors.append(repr(exc))
-            self._stop.wait(INTERVAL)
+        with contextlib.closing(self._link_changes()) as changes, \
+                netns.channel(self.node.path) as node_side:
+            while not self._stop.is_set():
+                with self._lock:
+                    waiting = [p for p in self.ports.values() if not p.activating]
+                    if not waiting:
+                        self._wanted.wait(1)
+                        continue
+                try:
+                    plugged = self._host_sides(node_side, {port.mac for port in waiting})
+                    for port in waiting:
+                        if port.mac in plugged:
+                            port.activating = True
+                            self._pool.submit(self._activate, port)
+                except Exception as exc:    # the node changing under the look: the next one
+                    self.errors.append(repr(exc))
+                _wait_readable(changes, RESCAN)
+
+    def _link_changes(self):
+        """A socket of the node's namespace that becomes readable when a link changes."""
+        sock = netns.socket_in(self.node.path, socket.AF_NETLINK, socket.SOCK_RAW,
+                               socket.NETLINK_ROUTE)
+        sock.bind((0, RTMGRP_LINK))
+        return sock
 
     def _activate(self, port):
         try:
@@ -223,28 +250,32 @@ class Controller:
         port.activated = time.monotonic()
         self.activations.append(port)
 
-    def _host_sides(self, macs):
+    def _host_sides(self, node_side, macs):
         """Which of ``macs`` have a pod end in a pod namespace and a host end on the bridge."""
         found = set()
         paths = set(self._pod_namespaces())
         for path in list(self._known_ns):
             if path not in paths:
                 del self._known_ns[path]
+        bridge = None
         for path in paths:
             known = self._known_ns.get(path)
             if known:
                 found |= known & macs
                 continue
             with contextlib.suppress(Exception):    # a namespace removed meanwhile
-                # Most pending namespaces hold only lo: telling so costs ~0.05 ms, where a
-                # netlink handle costs ~5 ms, and a scan of 110 pods would starve the node.
-                if netns.link_names(path) <= {'lo'}:
+                names = netns.link_names(path) - {'lo'}     # ~0.05 ms: most hold only lo
+                if not names:
                     continue
-                with netns.iproute(path) as ipr:
-                    ends = {link.get('address'): link.get('link') for link in ipr.get_links()
-                            if link.get('address') in macs}
-                self._known_ns[path] = {mac for mac, peer in ends.items()
-                                        if self._on_bridge(peer)}
+                with netns.channel(path) as pod_side:
+                    ends = [link for link in _links(pod_side, names)
+                            if link.get('address') in macs and link.get('link')]
+                if ends and bridge is None:
+                    bridge = _links(node_side, [testhost.BRIDGE])[0]['index']
+                self._known_ns[path] = {
+                    end.get('address') for end, peer in zip(ends, _links(
+                        node_side, [end.get('link') for end in ends]))
+                    if peer is not None and peer.get('master') == bridge}
                 found |= self._known_ns[path]
         return found
 
@@ -256,13 +287,31 @@ class Controller:
         return glob.glob(root + os.path.join(self.node.dir, 'containerd', 'state',
                                              'io.containerd.grpc.v1.cri', 'netns', 'cni-*'))
 
-    def _on_bridge(self, index):
-        if not index:
-            return False
-        with netns.iproute(self.node.path) as ipr:
-            bridge = ipr.link_lookup(ifname=testhost.BRIDGE)
-            try:
-                links = ipr.get_links(index)
-            except Exception:       # gone meanwhile
-                return False
-        return bool(bridge) and bool(links) and links[0].get('master') == bridge[0]
+
+def _links(channel, keys):
+    """The links named or numbered ``keys`` in ``channel``'s namespace (None: none such)."""
+    requests = []
+    for key in keys:
+        msg = ifinfmsg()
+        if isinstance(key, int):
+            msg['index'] = key
+        else:
+            msg['attrs'] = [('IFLA_IFNAME', key)]
+        requests.append(rtnl.Request(msg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_ACK,
+                                     'look up link %s' % key))
+    links = []
+    for request in channel.send(requests):
+        link = None
+        if request.error is None and request.echoed:
+            link = ifinfmsg(request.echoed[0])
+            link.decode()
+        links.append(link)
+    return links
+
+
+def _wait_readable(sock, timeout):
+    """Wait until ``sock`` has something to read, or ``timeout``; then drop what it has."""
+    if select.select([sock], [], [], timeout)[0]:
+        with contextlib.suppress(BlockingIOError, OSError):     # OSError: ENOBUFS, also news
+            while sock.recv(65536, socket.MSG_DONTWAIT):
+                pass
