@@ -11,23 +11,20 @@ handles pods concurrently, it writes, activates and deletes the ports of
 several pods at once (:data:`WORKERS`); one pod's steps keep their order.
 
 Its Neutron half marks a port active only once the port's host side exists,
-as Neutron does: a link with the VIF's MAC in one of the node's pod
-namespaces, whose veth peer is a port of the VIF's bridge. The pod
-namespaces are containerd's bind mounts, which exist only in the node's
-mount namespace: they are reached through ``/proc/<holder>/root``. Like
-Neutron's agents, which follow their bridge's changes as they happen, it
-looks again whenever a link of the node's namespace changes (where every
-host end lives, so every plug changes one), and every :data:`RESCAN`
-seconds regardless. A look reads only namespaces where no VIF has been found
-yet and that hold more than ``lo``, one link at a time (a dump of a
-namespace's links decodes dozens of attributes of each).
+as Neutron does: a port of the VIF's bridge whose veth peer, in another
+namespace, has the VIF's MAC. Like Neutron's agents, which follow their
+bridge as it changes, it follows the node namespace's link events (every
+host end lives there) and keeps the bridge's ports, each with its peer's
+namespace ID and index (``IFLA_LINK_NETNSID``, ``IFLA_LINK``); it reads the
+peer from the node's namespace by that ID (``IFLA_TARGET_NETNSID``), without
+entering the pod's. Events lost to a full socket, and every :data:`RESCAN`
+seconds while a port waits, it lists the bridge's ports again.
 """
 
 import contextlib
-import glob
-import os
 import select
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -35,7 +32,7 @@ import uuid
 from kubernetes import client
 from kubernetes import watch
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
-from pyroute2.netlink.rtnl import RTM_GETLINK, RTMGRP_LINK
+from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_GETLINK, RTM_NEWLINK, RTMGRP_LINK
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 from kuryr_cni import netns
@@ -43,7 +40,11 @@ from kuryr_cni import rtnl
 from tests.unit import osvif_fixtures as fx
 from tools.testbed import host as testhost
 
-RESCAN = 0.5                  # seconds between looks when no link changes
+_HEADER = struct.Struct('=IHHII')       # nlmsghdr
+_IFINFO = struct.Struct('=BxHiII')      # ifinfomsg
+_IFLA_LINK_NETNSID = 37
+_LINK_ATTRS = {5: 'link', 10: 'master', _IFLA_LINK_NETNSID: 'link_netnsid'}
+RESCAN = 2                    # seconds between listings of the bridge's ports
 RELIST = 0.05                 # seconds before listing again after a failed watch
 SUBNET = testhost.SUBNET_PREFIX + '.0/24'
 FIRST, LAST = 2, 254          # host numbers handed out in SUBNET
@@ -83,9 +84,9 @@ class Controller:
         self._held = set()          # (namespace, name)
         self._next = FIRST
         self._lock = threading.Lock()
-        self._wanted = threading.Condition(self._lock)
         self._stop = threading.Event()
-        self._known_ns = {}         # pod namespace path -> MACs found there
+        # Host end index -> [peer's namespace ID, peer's index, peer's MAC once read].
+        self._bridge_ports = {}
         self._pool = cluster.executor(WORKERS, 'stand-in-api')
         self._threads = [threading.Thread(target=self._neutron, daemon=True,
                                           name='stand-in-neutron')]
@@ -112,8 +113,6 @@ class Controller:
 
     def close(self):
         self._stop.set()
-        with self._lock:
-            self._wanted.notify_all()
         for thread in self._threads:
             thread.join(10)
         with contextlib.suppress(Exception):
@@ -180,8 +179,6 @@ class Controller:
         except Exception as exc:
             self.errors.append(repr(exc))
             raise
-        with self._lock:
-            self._wanted.notify_all()
 
     def _delete_port(self, pod):
         with self._lock:
@@ -217,28 +214,75 @@ class Controller:
     def _neutron(self):
         with contextlib.closing(self._link_changes()) as changes, \
                 netns.channel(self.node.path) as node_side:
+            bridge = listed = None
             while not self._stop.is_set():
-                with self._lock:
-                    waiting = [p for p in self.ports.values() if not p.activating]
-                    if not waiting:
-                        self._wanted.wait(1)
-                        continue
                 try:
-                    plugged = self._host_sides(node_side, {port.mac for port in waiting})
-                    for port in waiting:
-                        if port.mac in plugged:
-                            port.activating = True
-                            self._pool.submit(self._activate, port)
+                    if bridge is None:
+                        bridge = _links(node_side, [(testhost.BRIDGE, None)])[0]['index']
+                    with self._lock:
+                        waiting = {p.mac: p for p in self.ports.values() if not p.activating}
+                    if waiting and (listed is None or time.monotonic() - listed > RESCAN):
+                        self._list_bridge_ports(bridge)
+                        listed = time.monotonic()
+                    if waiting:
+                        for mac in self._pod_end_macs(node_side) & set(waiting):
+                            waiting[mac].activating = True
+                            self._pool.submit(self._activate, waiting[mac])
+                    if select.select([changes], [], [], RESCAN)[0] and \
+                            not self._follow_changes(changes, bridge):
+                        listed = None
                 except Exception as exc:    # the node changing under the look: the next one
                     self.errors.append(repr(exc))
-                _wait_readable(changes, RESCAN)
+                    bridge = listed = None
+                    self._stop.wait(RELIST)
 
     def _link_changes(self):
-        """A socket of the node's namespace that becomes readable when a link changes."""
+        """A socket of the node's namespace that receives its link events."""
         sock = netns.socket_in(self.node.path, socket.AF_NETLINK, socket.SOCK_RAW,
                                socket.NETLINK_ROUTE)
         sock.bind((0, RTMGRP_LINK))
         return sock
+
+    def _follow_changes(self, changes, bridge):
+        """Apply the link events waiting on ``changes`` to the bridge's ports; False if
+        some were lost (the socket's buffer was full)."""
+        while True:
+            try:
+                data = changes.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:         # ENOBUFS: events were dropped
+                return False
+            for msg_type, link in _link_events(data):
+                self._note(link, bridge, msg_type == RTM_NEWLINK)
+
+    def _list_bridge_ports(self, bridge):
+        with netns.iproute(self.node.path) as ipr:
+            links = ipr.get_links()
+        present = set()
+        for link in links:
+            if link.get('master') == bridge:
+                present.add(link['index'])
+                self._note(link, bridge, True)
+        for index in set(self._bridge_ports) - present:
+            del self._bridge_ports[index]
+
+    def _note(self, link, bridge, exists):
+        index = link['index']
+        peer = [link.get('link_netnsid'), link.get('link')]
+        if not exists or link.get('master') != bridge or None in peer:
+            self._bridge_ports.pop(index, None)
+        elif self._bridge_ports.get(index, [None, None])[:2] != peer:
+            self._bridge_ports[index] = peer + [None]
+
+    def _pod_end_macs(self, node_side):
+        """The MACs of the bridge ports' peers, each read once."""
+        unread = [port for port in self._bridge_ports.values() if port[2] is None]
+        for port, end in zip(unread, _links(node_side, [(index, nsid)
+                                                        for nsid, index, _ in unread])):
+            if end is not None:
+                port[2] = end.get('address')
+        return {port[2] for port in self._bridge_ports.values() if port[2]}
 
     def _activate(self, port):
         try:
@@ -250,53 +294,19 @@ class Controller:
         port.activated = time.monotonic()
         self.activations.append(port)
 
-    def _host_sides(self, node_side, macs):
-        """Which of ``macs`` have a pod end in a pod namespace and a host end on the bridge."""
-        found = set()
-        paths = set(self._pod_namespaces())
-        for path in list(self._known_ns):
-            if path not in paths:
-                del self._known_ns[path]
-        bridge = None
-        for path in paths:
-            known = self._known_ns.get(path)
-            if known:
-                found |= known & macs
-                continue
-            with contextlib.suppress(Exception):    # a namespace removed meanwhile
-                names = netns.link_names(path) - {'lo'}     # ~0.05 ms: most hold only lo
-                if not names:
-                    continue
-                with netns.channel(path) as pod_side:
-                    ends = [link for link in _links(pod_side, names)
-                            if link.get('address') in macs and link.get('link')]
-                if ends and bridge is None:
-                    bridge = _links(node_side, [testhost.BRIDGE])[0]['index']
-                self._known_ns[path] = {
-                    end.get('address') for end, peer in zip(ends, _links(
-                        node_side, [end.get('link') for end in ends]))
-                    if peer is not None and peer.get('master') == bridge}
-                found |= self._known_ns[path]
-        return found
-
-    def _pod_namespaces(self):
-        holder = self.node.pid('holder')
-        root = '/proc/%d/root' % holder
-        # [plugins."io.containerd.grpc.v1.cri"] netns_mounts_under_state_dir: the CRI
-        # plugin's own state directory.
-        return glob.glob(root + os.path.join(self.node.dir, 'containerd', 'state',
-                                             'io.containerd.grpc.v1.cri', 'netns', 'cni-*'))
-
 
 def _links(channel, keys):
-    """The links named or numbered ``keys`` in ``channel``'s namespace (None: none such)."""
+    """The links ``(name or index, namespace ID or None: the channel's)`` from ``channel``
+    (None where there is no such link)."""
     requests = []
-    for key in keys:
+    for key, nsid in keys:
         msg = ifinfmsg()
         if isinstance(key, int):
             msg['index'] = key
         else:
-            msg['attrs'] = [('IFLA_IFNAME', key)]
+            msg['attrs'].append(('IFLA_IFNAME', key))
+        if nsid is not None:
+            msg['attrs'].append(('IFLA_IF_NETNSID', nsid))   # IFLA_TARGET_NETNSID
         requests.append(rtnl.Request(msg, RTM_GETLINK, NLM_F_REQUEST | NLM_F_ACK,
                                      'look up link %s' % key))
     links = []
@@ -309,9 +319,26 @@ def _links(channel, keys):
     return links
 
 
-def _wait_readable(sock, timeout):
-    """Wait until ``sock`` has something to read, or ``timeout``; then drop what it has."""
-    if select.select([sock], [], [], timeout)[0]:
-        with contextlib.suppress(BlockingIOError, OSError):     # OSError: ENOBUFS, also news
-            while sock.recv(65536, socket.MSG_DONTWAIT):
-                pass
+def _link_events(data):
+    """``(type, {'index', 'master', 'link', 'link_netnsid'})`` of the link messages in
+    ``data``, read with ``struct``: every plug brings several, and
+    pyroute2 would decode every attribute of each (~0.3 ms)."""
+    offset = 0
+    while offset + _HEADER.size + _IFINFO.size <= len(data):
+        length, msg_type = _HEADER.unpack_from(data, offset)[:2]
+        if length < _HEADER.size:
+            return
+        family, _type, index = _IFINFO.unpack_from(data, offset + _HEADER.size)[:3]
+        if msg_type in (RTM_NEWLINK, RTM_DELLINK) and family != socket.AF_BRIDGE:
+            link = {'index': index}
+            at = offset + _HEADER.size + _IFINFO.size
+            while at + 4 <= offset + length:
+                size, kind = struct.unpack_from('=HH', data, at)
+                if size < 4:
+                    break
+                if kind in _LINK_ATTRS:
+                    link[_LINK_ATTRS[kind]] = struct.unpack_from(
+                        '=i' if kind == _IFLA_LINK_NETNSID else '=I', data, at + 4)[0]
+                at += (size + 3) & ~3
+            yield msg_type, link
+        offset += (length + 3) & ~3
