@@ -9,7 +9,8 @@ and Neutron stand-in, :mod:`tests.node.controller`), or Debian's ``bridge`` +
 ``host-local`` (containernetworking-plugins) on a bridge of their own. The
 plugin is switched between bursts by adding or removing the reference
 conflist, which sorts before kuryr-cni's (containerd uses the first); a probe
-pod proves the switch before each burst. Bursts alternate plugins, and the
+pod proves the switch before each burst, and the burst waits for the
+machine's CPUs to settle first. Bursts alternate plugins, and the
 first plugin alternates between passes.
 
 A pod's start time is from the moment its create request is sent to the
@@ -37,6 +38,8 @@ from tests.node import controller as kcontroller
 from tests.node import kubenode
 
 REFERENCE = '05-reference.conflist'
+SETTLE_WINDOW = 1.0         # seconds of CPU use looked at by settle()
+QUIET = 0.15                # the busy share of them that counts as settled
 REFERENCE_SUBNET = '10.20.0.0/16'
 REFERENCE_CONFLIST = {
     'cniVersion': '1.0.0', 'name': 'reference',
@@ -96,6 +99,27 @@ def probe(pods, node, plugin):
     raise AssertionError('containerd did not switch to %s' % plugin)
 
 
+def busy():
+    """The machine's CPU ticks ``(busy, all)`` so far, from /proc/stat."""
+    with open('/proc/stat') as f:
+        ticks = [int(n) for n in f.readline().split()[1:8]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)     # idle and iowait are not busy
+
+
+def settle(timeout=60):
+    """Until the machine's CPUs are mostly idle for a while (or ``timeout``): what the
+    previous burst left running (sandbox teardown, namespaces the kernel frees
+    later, the control plane's deletions) must not weigh on the next one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        before = busy()
+        time.sleep(SETTLE_WINDOW)
+        after = busy()
+        if after[0] - before[0] <= QUIET * (after[1] - before[1]):
+            return
+    print('the machine did not settle in %d s' % timeout, flush=True)
+
+
 def burst(cluster, node, pods, clock, size):
     names = ['bench-%d' % i for i in range(size)]
     sent = {}
@@ -125,6 +149,7 @@ def run(cluster, node, pods, clock, plugin, size):
     try:
         use(node, plugin)
         probe(pods, node, plugin)
+        settle()
         return burst(cluster, node, pods, clock, size)
     finally:
         if playing is not None:
