@@ -1,4 +1,8 @@
-"""The metrics read when ``/metrics`` is scraped, rather than counted as they happen.
+"""What ``/metrics`` reads when it is scraped: the processes' metric files, and the
+metrics read then rather than counted as they happen.
+
+The processes' files are prometheus_client's multiprocess ones
+(:func:`register_process_metrics`), less any file still being created.
 
 The version, readiness (:mod:`kuryr_cni.daemon.health`), the attachments
 and the age of the watcher's last activity (from the registry), and the DELs
@@ -11,6 +15,8 @@ not be imported before :func:`kuryr_cni.metrics.setup` has chosen
 multiprocess mode.
 """
 
+import glob
+import os
 import time
 
 from kuryr_cni import metrics
@@ -19,6 +25,31 @@ from kuryr_cni import version
 from kuryr_cni.daemon import health
 
 _SCRAPED = {spec.name: spec for spec in metrics.SCRAPED}
+_SIZED = 8      # bytes: a metric file's header, written once the file has its size
+
+
+def register_process_metrics(metrics_registry):
+    """Register the processes' metric files in ``metrics_registry``.
+
+    prometheus_client creates a process's metric file, then sizes it: a scrape
+    in between read 0 bytes, failed with ``struct.error`` and answered 500 for
+    every metric (prometheus/client_python#1199; seen when a scrape met a
+    worker starting). Such a file holds no sample yet, so it is left out.
+    """
+    from prometheus_client import multiprocess
+
+    class SizedFilesCollector(multiprocess.MultiProcessCollector):
+        def collect(self):
+            files = []
+            for path in glob.glob(os.path.join(self._path, '*.db')):
+                try:
+                    if os.path.getsize(path) >= _SIZED:
+                        files.append(path)
+                except OSError:     # removed meanwhile (a dead process's gauges)
+                    pass
+            return self.merge(files, accumulate=True)
+
+    SizedFilesCollector(metrics_registry)
 
 
 class ScrapeCollector:

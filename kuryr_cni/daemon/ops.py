@@ -112,10 +112,9 @@ class OpsService(cotyledon.Service):
 
     def run(self):
         from prometheus_client import CollectorRegistry
-        from prometheus_client import multiprocess
         setproctitle.setproctitle(TITLE)
         metrics_registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(metrics_registry)
+        collector.register_process_metrics(metrics_registry)
         metrics_registry.register(collector.ScrapeCollector(self.registry, self.state_dir))
         health_sock, metrics_sock = self.socks
         self.servers = [server.BoundedServer(health_sock, HealthApp(self.registry), LIMITS,

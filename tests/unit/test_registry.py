@@ -58,12 +58,19 @@ def children():
 
 
 def run_child(children, target, *args):
-    proc = FORK.Process(target=target, args=args)
-    proc.start()
-    children.append(proc)
-    proc.join(30)
-    assert proc.exitcode == 0
-    return proc
+    return run_children(children, target, [args])[0]
+
+
+def run_children(children, target, arg_lists):
+    """``target(*args)`` in a child per ``args``, all at once; each must exit 0."""
+    procs = [FORK.Process(target=target, args=args) for args in arg_lists]
+    children.extend(procs)
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    return procs
 
 
 def is_gone(pid):
@@ -149,14 +156,7 @@ def _child_puts_many(reg, prefix, count):
 
 
 def test_concurrent_writers_lose_nothing(reg, children):
-    procs = [FORK.Process(target=_child_puts_many, args=(reg, 'ns%d' % n, 50))
-             for n in range(4)]
-    children.extend(procs)
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(30)
-        assert proc.exitcode == 0
+    run_children(children, _child_puts_many, [(reg, 'ns%d' % n, 50) for n in range(4)])
     assert reg.pods.size() == 200
     assert reg.pods.get('ns3/pod-49') == {'uid': '49'}
 
@@ -206,14 +206,7 @@ def _child_puts_one_pod(reg, key, count):
 
 def test_concurrent_writers_lose_no_bump(reg, children):
     seen = reg.changes.version('ns0/pod-0')
-    procs = [FORK.Process(target=_child_puts_one_pod, args=(reg, 'ns0/pod-0', 50))
-             for _ in range(4)]
-    children.extend(procs)
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(30)
-        assert proc.exitcode == 0
+    run_children(children, _child_puts_one_pod, [(reg, 'ns0/pod-0', 50)] * 4)
     assert reg.changes.version('ns0/pod-0') == seen + 200
 
 
@@ -339,18 +332,23 @@ METRICS_SCRIPT = '''
     metrics.stale_del_rejected('container_id_mismatch')
     metrics.observe_request('ADD', 'success', 0.3)
 
-    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    if sys.argv[2:] == ['a file being created']:    # as MmapedDict leaves it before sizing
+        open(sys.argv[1] + '/counter_999.db', 'wb').close()
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from kuryr_cni.daemon import collector
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    collector.register_process_metrics(registry)
     sys.stdout.write(generate_latest(registry).decode())
 '''
 
 
-def test_metrics_are_aggregated_across_processes(tmp_path):
+@pytest.mark.parametrize('also', [[], ['a file being created']], ids=['', 'file being created'])
+def test_metrics_are_aggregated_across_processes(tmp_path, also):
     directory = tmp_path / 'prom'
     directory.mkdir()
     (directory / 'counter_12345.db').write_bytes(b'left by a previous run')
-    got = samples(run_python(METRICS_SCRIPT, str(directory)))
+    got = samples(run_python(METRICS_SCRIPT, str(directory), *also))
     stale = 'kuryr_cni_stale_del_rejected_total'
     assert got[(stale, (('reason', 'container_id_mismatch'),))] == 8.0
     assert got[(stale, (('reason', 'pod_uid_mismatch'),))] == 0.0      # pre-created
