@@ -130,7 +130,8 @@ class ListWatch:
 
     ``sink`` has ``replace_pods(records)``, ``put_pod(key, record)``,
     ``drop_pod(key)`` and ``mark_synced(bool)``; records are keyed
-    ``"namespace/name"``. ``on_restart(reason)`` is called each time the
+    ``"namespace/name"``; an event whose record equals the one last written
+    (a pod's status changed) writes nothing. ``on_restart(reason)`` is called each time the
     list or watch is answered again after a failure (``reason``:
     ``'error'`` or ``'expired'``), ``on_event(type)`` for every watch event,
     ``on_activity()`` for every list and every event, ``on_limit(limit,
@@ -165,7 +166,9 @@ class ListWatch:
         self.list_max_bytes = list_max_bytes
         self.list_timeout = list_timeout
         self.max_objects = max_objects
-        self._keys = set()            # keys of the records in the sink, against max_objects
+        # The records in the sink, as last written: against max_objects, and so that
+        # an event changing nothing they hold (a pod's status) writes nothing.
+        self._written = {}
         self._overruns = set()        # limits exceeded since the server last kept within them
         self._skips = 0               # objects skipped in the list or watch being read
         self._rv = None               # where the watch resumes; None: relist first
@@ -239,7 +242,7 @@ class ListWatch:
             raise _Unavailable('malformed list of %s: no metadata.resourceVersion'
                                % self.source.what)
         self.sink.replace_pods(records)
-        self._keys = set(records)
+        self._written = dict(records)
         self._reported = {k: v for k, v in self._reported.items() if k in records}
         self._rv = rv
         self._note_within_limits()
@@ -300,14 +303,14 @@ class ListWatch:
         record = None if kind == 'DELETED' else self._record(key, rv, obj)
         if record is None:
             self.sink.drop_pod(key)
-            self._keys.discard(key)
+            self._written.pop(key, None)
             self._reported.pop(key, None)
-        else:
-            if key not in self._keys and len(self._keys) >= self.max_objects:
+        elif record != self._written.get(key):
+            if key not in self._written and len(self._written) >= self.max_objects:
                 raise Overrun('object_count', 'the watch of %s would make them more than %d'
                               % (self.source.what, self.max_objects))
             self.sink.put_pod(key, record)
-            self._keys.add(key)
+            self._written[key] = record
         self._rv = rv
 
     def _skipped(self, message, *args):

@@ -51,6 +51,7 @@ class Sink:
         self.synced = None
         self.synced_history = []
         self.replaces = 0
+        self.puts = 0
         self.timeline = None        # a list to record mark_synced calls in, in order
 
     def replace_pods(self, records):
@@ -62,6 +63,7 @@ class Sink:
     def put_pod(self, key, record):
         with self.cond:
             self.pods[key] = pickle.loads(pickle.dumps(record))
+            self.puts += 1
             self.cond.notify_all()
 
     def drop_pod(self, key):
@@ -220,6 +222,20 @@ def test_added_modified_deleted_reach_the_sink(server, run):
     assert h.event_types['DELETED'] == 1
     assert len(h.lists()) == 1
     assert h.activity == 1 + 5      # the list and each event
+
+
+def test_an_event_that_changes_no_record_writes_nothing(server, run):
+    server.create_pod('default', 'a', NODE, uid='uid-a',
+                      annotations={vifmod.ANNOTATION: json.dumps(vifs(4, active=False))})
+    h = run()
+    h.wait_streaming()
+    for phase in ('Pending', 'Running'):        # kubelet's status updates
+        server.update_pod('default', 'a', phase=phase)
+    server.set_vifs('default', 'a', vifs(4))
+    h.sink.wait_for(lambda s: s.pods['default/a']['vifs'] == expected_vifs(4), 'the change')
+
+    assert h.event_types['MODIFIED'] == 3
+    assert h.sink.puts == 1         # the VIF's change alone
 
 
 def test_bad_annotation_gives_an_error_record_and_the_loop_goes_on(server, run, caplog):
