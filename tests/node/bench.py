@@ -106,6 +106,37 @@ def busy():
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)     # idle and iowait are not busy
 
 
+def cpu_by_process():
+    """CPU seconds used so far by each live process, with the children it has waited
+    for (containerd's include the CNI plugins it ran): ``{pid: (name, seconds)}``.
+    The daemon's processes are named by their titles."""
+    tick = os.sysconf('SC_CLK_TCK')
+    seen = {}
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            with open('/proc/%s/stat' % pid) as f:
+                stat = f.read()
+            name = stat[stat.index('(') + 1:stat.rindex(')')]
+            if name.startswith('kuryr-cni'):
+                with open('/proc/%s/cmdline' % pid) as f:
+                    name = f.read().split('\0')[0]
+        except OSError:         # gone meanwhile
+            continue
+        fields = stat[stat.rindex(')') + 2:].split()
+        seen[int(pid)] = (name, sum(int(n) for n in fields[11:15]) / tick)
+    return seen
+
+
+def cpu_used(before, after):
+    """CPU seconds per process name between two :func:`cpu_by_process` readings."""
+    used = {}
+    for pid, (name, seconds) in after.items():
+        earlier = before.get(pid)
+        spent = seconds - earlier[1] if earlier and earlier[0] == name else seconds
+        used[name] = round(used.get(name, 0) + spent, 2)
+    return dict(sorted(used.items(), key=lambda item: -item[1]))
+
+
 def settle(timeout=60):
     """Until the machine's CPUs are mostly idle for a while (or ``timeout``): what the
     previous burst left running (sandbox teardown, namespaces the kernel frees
@@ -128,17 +159,21 @@ def burst(cluster, node, pods, clock, size):
         started = time.monotonic()
         pod = pods.create(name)
         sent[pod['metadata']['uid']] = started
+    cpu_before, busy_before = cpu_by_process(), busy()
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         list(pool.map(create, names, timeout=300))
     pods.wait_running(names, timeout=60 + 3 * size)
     deadline = time.monotonic() + 30
     while set(sent) - set(clock.running) and time.monotonic() < deadline:
         time.sleep(0.1)
+    busy_after = busy()
+    cpu = cpu_used(cpu_before, cpu_by_process())
+    cpu['(all)'] = round((busy_after[0] - busy_before[0]) / os.sysconf('SC_CLK_TCK'), 2)
     latencies = [clock.running[uid] - started for uid, started in sent.items()]
     for name in names:
         pods.delete(name)
     pods.wait_gone(names, timeout=300)
-    return latencies
+    return latencies, cpu
 
 
 def run(cluster, node, pods, clock, plugin, size):
@@ -178,6 +213,7 @@ def main(argv=None):
     cluster = k8s.Cluster('kc-nb%d' % os.getpid())
     node = None
     results = {}
+    cpu_seconds = {}
     try:
         cluster.apply_daemonset_rbac()
         cluster.install_kuryrport_crd()
@@ -193,10 +229,13 @@ def main(argv=None):
                 order = ['kuryr-cni', 'reference'][::1 if number % 2 == 0 else -1]
                 for size in args.sizes:
                     for plugin in order:
-                        latencies = run(cluster, node, pods, clock, plugin, size)
-                        results.setdefault('%s %d' % (plugin, size), []).extend(latencies)
-                        print('pass %d, %s, %d pods: %s' % (number + 1, plugin, size,
-                                                            summary(latencies)), flush=True)
+                        latencies, cpu = run(cluster, node, pods, clock, plugin, size)
+                        key = '%s %d' % (plugin, size)
+                        results.setdefault(key, []).extend(latencies)
+                        cpu_seconds.setdefault(key, []).append(cpu)
+                        print('pass %d, %s, %d pods: %s\n  CPU seconds: %s' % (
+                            number + 1, plugin, size, summary(latencies),
+                            dict(list(cpu.items())[:12])), flush=True)
         finally:
             clock.close()
     finally:
@@ -207,7 +246,8 @@ def main(argv=None):
     print(json.dumps(report, indent=2))
     if args.out:
         with open(args.out, 'w') as f:
-            json.dump({'summary': report, 'latencies': results}, f, indent=1)
+            json.dump({'summary': report, 'latencies': results, 'cpu_seconds': cpu_seconds},
+                      f, indent=1)
 
 
 if __name__ == '__main__':
