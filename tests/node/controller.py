@@ -44,6 +44,8 @@ _HEADER = struct.Struct('=IHHII')       # nlmsghdr
 _IFINFO = struct.Struct('=BxHiII')      # ifinfomsg
 _IFLA_LINK_NETNSID = 37
 _LINK_ATTRS = {5: 'link', 10: 'master', _IFLA_LINK_NETNSID: 'link_netnsid'}
+_SO_RCVBUFFORCE = 33          # not in Python's socket module
+EVENT_BUFFER = 8 << 20        # bytes of link events the socket holds
 RESCAN = 2                    # seconds between listings of the bridge's ports
 RELIST = 0.05                 # seconds before listing again after a failed watch
 SUBNET = testhost.SUBNET_PREFIX + '.0/24'
@@ -240,6 +242,10 @@ class Controller:
         """A socket of the node's namespace that receives its link events."""
         sock = netns.socket_in(self.node.path, socket.AF_NETLINK, socket.SOCK_RAW,
                                socket.NETLINK_ROUTE)
+        # Room for a burst's events while this thread waits for the GIL or the kernel's
+        # rtnl lock (beyond the default rmem_max: root may force it): a lost event
+        # costs a relisting.
+        sock.setsockopt(socket.SOL_SOCKET, _SO_RCVBUFFORCE, EVENT_BUFFER)
         sock.bind((0, RTMGRP_LINK))
         return sock
 
