@@ -1,6 +1,6 @@
 """Pod start time on a real node: kuryr-cni against the reference plugins, alternating.
 
-    python -m tests.node.bench [--sizes 30 110] [--passes 2] [--out FILE]   (root)
+    python -m tests.node.bench [--sizes 30 110] [--passes 2] [--split] [--out FILE]   (root)
 
 The node tier's node (:mod:`tests.node.kubenode`, kubelet's API rate limit
 raised as in the tier) runs bursts of pods created at once, each burst with
@@ -13,10 +13,17 @@ pod proves the switch before each burst, and the burst waits for the
 machine's CPUs to settle first. Bursts alternate plugins, and the
 first plugin alternates between passes.
 
+With ``--split``, the control plane (kube-apiserver, etcd, this process with
+the stand-in for kuryr-controller and Neutron) runs on the first CPU and the
+node (containerd, kubelet, the pods, the daemon) on the others, as on a real
+cluster, where the control plane is not on the node; without it, all share
+every CPU.
+
 A pod's start time is from the moment its create request is sent to the
 moment a watch of the node's pods shows all its containers running, both on
 this process's monotonic clock. Printed as JSON (and written to ``--out``):
-per plugin and burst size, p50, p95 and max over every pod of every pass.
+per plugin and burst size, p50, p95 and max over every pod of every pass;
+and, per burst, the CPU seconds each process used until its pods ran.
 """
 
 import argparse
@@ -119,7 +126,7 @@ def cpu_by_process():
             name = stat[stat.index('(') + 1:stat.rindex(')')]
             if name.startswith('kuryr-cni'):
                 with open('/proc/%s/cmdline' % pid) as f:
-                    name = f.read().split('\0')[0]
+                    name = f.read().split('\0')[0].split(' [')[0]     # the title alone
         except OSError:         # gone meanwhile
             continue
         fields = stat[stat.rindex(')') + 2:].split()
@@ -206,10 +213,18 @@ def main(argv=None):
     parser.add_argument('--sizes', type=int, nargs='+', default=[30, 110])
     parser.add_argument('--passes', type=int, default=2)
     parser.add_argument('--out')
+    parser.add_argument('--split', action='store_true',
+                        help='the control plane on the first CPU, the node on the others')
     args = parser.parse_args(argv)
     reason = kubenode.missing()
     if reason:
         sys.exit('cannot run: %s' % reason)
+    cpus = sorted(os.sched_getaffinity(0))
+    control, on_node = ({cpus[0]}, set(cpus[1:])) if args.split else (set(cpus), set(cpus))
+    if not on_node:
+        sys.exit('--split needs two CPUs')
+    # Processes and threads take the CPUs of the thread that starts them.
+    os.sched_setaffinity(0, control)
     cluster = k8s.Cluster('kc-nb%d' % os.getpid())
     node = None
     results = {}
@@ -217,10 +232,14 @@ def main(argv=None):
     try:
         cluster.apply_daemonset_rbac()
         cluster.install_kuryrport_crd()
-        node = kubenode.KubeNode(cluster, 'kc-nb%d' % os.getpid())
+        os.sched_setaffinity(0, on_node)
+        try:
+            node = kubenode.KubeNode(cluster, 'kc-nb%d' % os.getpid())
+            node.start_daemon()
+        finally:
+            os.sched_setaffinity(0, control)
         for plugin in ('bridge', 'host-local'):
             shutil.copy('/usr/lib/cni/' + plugin, os.path.join(node.dir, 'cni', 'bin'))
-        node.start_daemon()
         node.wait_ready_node()
         pods = kubenode.Pods(cluster, node)
         clock = Clock(cluster, node)
