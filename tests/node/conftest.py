@@ -27,6 +27,24 @@ from tests.node import controller as kcontroller
 from tests.node import kubenode
 
 SESSION_PREFIX = 'kc-n%d' % os.getpid()
+LOG_LINES = 80          # of the daemon's log, shown with a failing test
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test shows the end of the daemon's log and what the stand-in met: the
+    node and its files are gone once the session ends."""
+    report = (yield).get_result()
+    if report.when != 'call' or not report.failed:
+        return
+    node, playing = item.funcargs.get('node'), item.funcargs.get('controller')
+    if node is not None:
+        lines = node.daemon_log().splitlines()[-LOG_LINES:]
+        report.sections.append(('the daemon\'s log, last %d lines' % len(lines),
+                                '\n'.join(lines)))
+    if playing is not None and playing.errors:
+        report.sections.append(('the stand-in controller\'s errors',
+                                '\n'.join(playing.errors[-20:])))
 
 
 @pytest.fixture(scope='session')
