@@ -174,9 +174,14 @@ class Controller:
                 if exc.status != 409:
                     raise
                 # Another incarnation's port under this name goes first, as the
-                # controller's finalizer on the old pod would have it.
-                self._custom().delete_namespaced_custom_object(
-                    'openstack.org', 'v1', port.namespace, 'kuryrports', port.name)
+                # controller's finalizer on the old pod would have it; the old pod's
+                # own removal (_remove) may take it first.
+                try:
+                    self._custom().delete_namespaced_custom_object(
+                        'openstack.org', 'v1', port.namespace, 'kuryrports', port.name)
+                except client.exceptions.ApiException as gone:
+                    if gone.status != 404:
+                        raise
                 create()
         except Exception as exc:
             self.errors.append(repr(exc))
@@ -195,10 +200,13 @@ class Controller:
                                      'openstack.org', 'v1', port.namespace, 'kuryrports')
         for item in current['items']:
             if item['metadata']['name'] == port.name and item['spec']['podUid'] == port.uid:
+                # That object only: a new incarnation's port may have replaced it by now.
+                only = client.V1DeleteOptions(
+                    preconditions=client.V1Preconditions(uid=item['metadata']['uid']))
                 with contextlib.suppress(client.exceptions.ApiException):
                     self.cluster.call(self._custom().delete_namespaced_custom_object,
                                       'openstack.org', 'v1', port.namespace, 'kuryrports',
-                                      port.name)
+                                      port.name, body=only)
 
     def _number(self):
         used = {port.number for port in self.ports.values()}
