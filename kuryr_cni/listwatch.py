@@ -131,12 +131,13 @@ class ListWatch:
     ``sink`` has ``replace_pods(records)``, ``put_pod(key, record)``,
     ``drop_pod(key)`` and ``mark_synced(bool)``; records are keyed
     ``"namespace/name"``; an event whose record equals the one last written
-    (a pod's status changed) writes nothing. ``on_restart(reason)`` is called each time the
-    list or watch is answered again after a failure (``reason``:
-    ``'error'`` or ``'expired'``), ``on_event(type)`` for every watch event,
-    ``on_activity()`` for every list and every event, ``on_limit(limit,
-    message)`` each time the server exceeds a limit (an :class:`Overrun`),
-    and ``on_limit(None, None)`` once it answers within limits again.
+    (a pod's status changed) writes nothing. ``on_restart(reason)`` is
+    called each time the list or watch is answered again after a failure
+    (``reason``: ``'error'`` or ``'expired'``), ``on_event(type)`` for every
+    watch event, ``on_activity()`` for every list and every event,
+    ``on_limit(limit, message)`` each time the server exceeds a limit (an
+    :class:`Overrun`), and ``on_limit(None, None)`` once it answers within
+    limits again.
     Exceptions raised by the sink or the callbacks are not caught: without
     its registry the watcher has nothing to do, and its process manager
     restarts it.
