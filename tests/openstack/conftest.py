@@ -74,6 +74,7 @@ def build():
 
 @pytest.fixture(scope='session')
 def stack(build, request):
+    temporary = set(os.listdir(tempfile.gettempdir()))
     started = time.monotonic()
     stack = osstack.Stack(tempfile.mkdtemp(prefix='kc-osp-'), SESSION_PREFIX + '-osp', NODE)
     record('stack start (tools/openstack start)', time.monotonic() - started)
@@ -88,6 +89,9 @@ def stack(build, request):
             for name in LOGS:
                 LOG_TAILS.append((name, '\n'.join(stack.log(name).splitlines()[-40:])))
         stack.close()
+    # The stack's processes keep their temporary files in its directory.
+    assert not {name for name in set(os.listdir(tempfile.gettempdir())) - temporary
+                if name.startswith('neutron')}
 
 
 class Node(testhost.Host):
