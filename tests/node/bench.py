@@ -48,6 +48,7 @@ from tests.node import kubenode
 REFERENCE = '05-reference.conflist'
 SETTLE_WINDOW = 1.0         # seconds of CPU use looked at by settle()
 QUIET = 0.15                # the busy share of them that counts as settled
+TICK = os.sysconf('SC_CLK_TCK')     # /proc's CPU times are counted in these
 REFERENCE_SUBNET = '10.20.0.0/16'
 REFERENCE_CONFLIST = {
     'cniVersion': '1.0.0', 'name': 'reference',
@@ -118,7 +119,6 @@ def cpu_by_process():
     """CPU seconds used so far by each live process, with the children it has waited
     for (containerd's include the CNI plugins it ran): ``{pid: (name, seconds)}``.
     The daemon's processes are named by their titles."""
-    tick = os.sysconf('SC_CLK_TCK')
     seen = {}
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
@@ -131,7 +131,7 @@ def cpu_by_process():
         except OSError:         # gone meanwhile
             continue
         fields = stat[stat.rindex(')') + 2:].split()
-        seen[int(pid)] = (name, sum(int(n) for n in fields[11:15]) / tick)
+        seen[int(pid)] = (name, sum(int(n) for n in fields[11:15]) / TICK)
     return seen
 
 
@@ -176,7 +176,7 @@ def burst(cluster, node, pods, clock, size):
         time.sleep(0.1)
     busy_after = busy()
     cpu = cpu_used(cpu_before, cpu_by_process())
-    cpu['(all)'] = round((busy_after[0] - busy_before[0]) / os.sysconf('SC_CLK_TCK'), 2)
+    cpu['(all)'] = round((busy_after[0] - busy_before[0]) / TICK, 2)
     latencies = [clock.running[uid] - started for uid, started in sent.items()]
     for name in names:
         pods.delete(name)
