@@ -118,7 +118,8 @@ def busy():
 def cpu_by_process():
     """CPU seconds used so far by each live process, with the children it has waited
     for (containerd's include the CNI plugins it ran): ``{pid: (name, seconds)}``.
-    The daemon's processes are named by their titles."""
+    The daemon's processes are named by their titles, the kernel's work-queue
+    threads together as ``kworker``."""
     seen = {}
     for pid in filter(str.isdigit, os.listdir('/proc')):
         try:
@@ -128,6 +129,9 @@ def cpu_by_process():
             if name.startswith('kuryr-cni'):
                 with open('/proc/%s/cmdline' % pid) as f:
                     name = f.read().split('\0')[0].split(' [')[0]     # the title alone
+            elif name.startswith('kworker/'):
+                # Renamed after each work item: by name, one would count its life's CPU.
+                name = 'kworker'
         except OSError:         # gone meanwhile
             continue
         fields = stat[stat.rindex(')') + 2:].split()
