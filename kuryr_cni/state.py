@@ -14,7 +14,11 @@ not hash to its file's name is refused.
 Every write is atomic: a temporary file ``.<name>.<pid>.tmp`` in the same
 directory, fsync, rename, fsync of the directory, and the temporary file is
 removed when any step fails. Readers therefore see the old or the new binding,
-never half of one. A temporary file that a killed writer left is removed at
+never half of one. One write skips the two fsyncs (``durable=False``): the
+record that an ADD completed, whose durable predecessor already names every
+device (see :meth:`kuryr_cni.ownership.Ownership._plug`); a restarted daemon
+reads it all the same, and only a power loss, which takes the pod's devices
+too, could return the predecessor. A temporary file that a killed writer left is removed at
 start-up, whoever wrote it (:meth:`BindingStore.remove_temporaries`; pids are
 reused, so a pid says nothing after a restart), and while running as soon as
 its writer has died, or once it is a minute old whatever its pid; the shims'
@@ -66,14 +70,16 @@ def file_stem(pod_key):
     return hashlib.blake2b(pod_key.encode(), digest_size=16).hexdigest()
 
 
-def write_atomically(directory, name, data):
-    """Write ``data`` (bytes) to ``directory/name`` atomically and durably; raise OSError."""
+def write_atomically(directory, name, data, durable=True):
+    """Write ``data`` (bytes) to ``directory/name`` atomically, and with ``durable``
+    on disk before returning; raise OSError."""
     tmp = os.path.join(directory, '.%s.%d.tmp' % (name, os.getpid()))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             _write_all(fd, data)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, os.path.join(directory, name))
@@ -81,7 +87,8 @@ def write_atomically(directory, name, data):
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def _write_all(fd, data):
@@ -203,11 +210,11 @@ class BindingStore:
             return None
         return binding
 
-    def save(self, binding):
+    def save(self, binding, durable=True):
         data = json.dumps(binding.to_dict(), separators=(',', ':')).encode()
         name = file_stem(binding.pod) + '.json'
         with disk_errors(self.directory, 'write the binding of pod %s' % binding.pod):
-            write_atomically(self.directory, name, data)
+            write_atomically(self.directory, name, data, durable)
 
     def remove(self, pod_key):
         with disk_errors(self.directory, 'remove the binding of pod %s' % pod_key), \

@@ -399,6 +399,25 @@ def test_an_older_add_still_waiting_for_the_vifs_never_takes_the_pod_from_a_newe
     assert world.effects() == MAKE_B
 
 
+def test_the_record_before_the_devices_is_durable_and_the_completed_one_is_not(
+        world, monkeypatch):
+    """A plugging record reaches the disk before any device exists, so whatever
+    happens next finds what to remove; the record that the ADD completed is written
+    atomically but not fsynced (``Ownership._plug`` says why)."""
+    writes = []
+    write = state.write_atomically
+
+    def recording(directory, name, data, durable=True):
+        write(directory, name, data, durable)
+        attachment = json.loads(data)['sandboxes']['A']['attachments']['kuryr/eth0']
+        writes.append((attachment['state'], durable, world.effects()))
+    monkeypatch.setattr(state, 'write_atomically', recording)
+    assert world.request('ADD', 'A') == 'ok'
+    assert writes == [('plugging', True, []), ('ready', False, MAKE_A)]
+    assert world.ownership.store.load(POD).sandboxes['A'].attachments[
+        ('kuryr', 'eth0')].state == 'ready'
+
+
 # -- the binding policy: refused before anything is claimed -----------------------------
 
 @pytest.mark.parametrize('owned', [False, True], ids=['first ADD', 'ADD of a new sandbox'])

@@ -68,6 +68,21 @@ def test_write_atomically_writes_the_data_with_mode_0600_and_no_temp(tmp_path):
     assert listing(tmp_path) == ['a.json']
 
 
+def test_a_durable_write_fsyncs_the_file_and_the_directory_and_another_neither(
+        tmp_path, monkeypatch):
+    synced = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: (synced.append(os.readlink(
+        '/proc/self/fd/%d' % fd)), fsync(fd)))
+    state.write_atomically(str(tmp_path), 'a.json', b'1')
+    assert synced == [str(tmp_path / ('.a.json.%d.tmp' % os.getpid())), str(tmp_path)]
+    synced.clear()
+    state.write_atomically(str(tmp_path), 'a.json', b'22', durable=False)
+    assert synced == []
+    assert (tmp_path / 'a.json').read_bytes() == b'22'
+    assert listing(tmp_path) == ['a.json']
+
+
 def test_write_atomically_replaces_and_survives_a_stale_temp(tmp_path):
     (tmp_path / 'a.json').write_bytes(b'old')
     # A temporary file left by an earlier write of this very process that died.
