@@ -271,11 +271,11 @@ class Ownership:
         attachment.result = cni_result.build(req.cni_version, req.netns, plugged,
                                              req.prev_result)
         attachment.state = records.READY
-        # Not fsynced: the 'plugging' write named every device before it existed,
-        # and what this one adds (completed, the result, for CHECK) outlives only
-        # what a power loss takes anyway, the pod's namespace and devices. In a
-        # burst of pod starts its fsyncs waited up to 0.2 s behind containerd's.
-        # The registry's summary is the 'plugging' write's.
+        # Atomic but not fsynced: the 'plugging' write named every device before
+        # it existed, and what this one adds (ready, the result CHECK compares)
+        # matters only while those devices exist, which a power loss takes too.
+        # In bursts of pod starts its fsyncs waited up to 0.2 s behind
+        # containerd's. The registry's summary is the 'plugging' write's.
         self.store.save(binding, durable=False)
         return attachment.result
 

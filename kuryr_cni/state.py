@@ -18,12 +18,14 @@ never half of one. One write skips the two fsyncs (``durable=False``): the
 record that an ADD completed, whose durable predecessor already names every
 device (see :meth:`kuryr_cni.ownership.Ownership._plug`); a restarted daemon
 reads it all the same, and only a power loss, which takes the pod's devices
-too, could return the predecessor. A temporary file that a killed writer left is removed at
-start-up, whoever wrote it (:meth:`BindingStore.remove_temporaries`; pids are
-reused, so a pid says nothing after a restart), and while running as soon as
-its writer has died, or once it is a minute old whatever its pid; the shims'
-temporary files in the DEL queue are removed at a minute old, since a shim may
-be writing one while the daemon starts, from another pid namespace.
+too, could bring back the predecessor.
+
+A temporary file that a killed writer left is removed at start-up, whoever
+wrote it (:meth:`BindingStore.remove_temporaries`; pids are reused, so a pid
+says nothing after a restart), and while running as soon as its writer has
+died, or once it is a minute old whatever its pid; the shims' temporary files
+in the DEL queue are removed at a minute old, since a shim may be writing one
+while the daemon starts, from another pid namespace.
 
 Only root may write here (issue 20): the state dir and each of its
 directories must belong to root (or the daemon's euid) and be writable by
