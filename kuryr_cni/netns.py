@@ -396,18 +396,26 @@ class _Runner:
     """The thread that alone enters namespaces; it ends if it cannot come back."""
 
     def __init__(self):
+        # Opened by the caller, whose namespace (it never enters one) is the one to
+        # come back to: out of descriptors, the call fails here, at once, rather
+        # than leaving a runner that died at its start and times out every call.
+        self.home = os.open('/proc/thread-self/ns/net', os.O_RDONLY | os.O_CLOEXEC)
         self.jobs = queue.SimpleQueue()
         self.alive = True
         self.thread = threading.Thread(target=self._run, name='kuryr-cni-netns', daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except BaseException:
+            os.close(self.home)
+            raise
 
     def submit(self, job):
         self.jobs.put(job)
 
     def _run(self):
-        home = os.open('/proc/thread-self/ns/net', os.O_RDONLY | os.O_CLOEXEC)
-        home_ino = os.fstat(home).st_ino
+        home = self.home
         try:
+            home_ino = os.fstat(home).st_ino
             while self.alive:
                 job = self.jobs.get()
                 try:
@@ -429,7 +437,10 @@ class _Runner:
     def _return_home(home, home_ino):
         if _libc.setns(home, CLONE_NEWNET) != 0:
             return False
-        return os.stat('/proc/thread-self/ns/net').st_ino == home_ino
+        try:
+            return os.stat('/proc/thread-self/ns/net').st_ino == home_ino
+        except OSError:
+            return False
 
 
 _runner_lock = threading.Lock()

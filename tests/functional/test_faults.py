@@ -7,6 +7,7 @@ racing it with a sleep.
 """
 
 import concurrent.futures
+import errno
 import json
 import os
 import resource
@@ -494,6 +495,35 @@ def _daemon_processes(node):
 
 def _open_fds(pid):
     return len(os.listdir('/proc/%d/fd' % pid))
+
+
+def test_a_namespace_runner_out_of_descriptors_fails_at_once_and_the_next_one_works(
+        monkeypatch):
+    """The thread that enters namespaces, started while descriptors are exhausted:
+    the call fails at once with the shortage (code 11 from the API), and the next
+    one, with descriptors again, works. Found by the test below: a worker's runner
+    died at its start and every later request of that worker timed out after 10 s,
+    limits restored or not."""
+    own = os.open('/proc/self/ns/net', os.O_RDONLY | os.O_CLOEXEC)
+    real_open = os.open
+
+    def exhausted(path, *args, **kwargs):
+        if path == '/proc/thread-self/ns/net':
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return real_open(path, *args, **kwargs)
+    try:
+        netns._forget_runner()          # the next call starts a runner
+        monkeypatch.setattr(os, 'open', exhausted)
+        started = time.monotonic()
+        with pytest.raises(OSError) as exc:
+            netns.socket_in(own, socket.AF_UNIX, socket.SOCK_DGRAM)
+        assert exc.value.errno == errno.EMFILE
+        assert time.monotonic() - started < netns.NETLINK_TIMEOUT / 2
+        monkeypatch.undo()
+        with netns.socket_in(own, socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            assert sock.family == socket.AF_UNIX
+    finally:
+        os.close(own)
 
 
 def test_fd_exhaustion_fails_adds_with_code_11_and_the_daemon_recovers(daemon, runtime):
