@@ -32,13 +32,14 @@ LOG_LINES = 80          # of the daemon's log, shown with a failing test
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing test shows the end of the daemon's log and what the stand-in met: the
-    node and its files are gone once the session ends."""
+    """A failing test, or a test whose pods were not all cleaned up after it, shows the
+    end of the daemon's log and what the stand-in met: the node and its files are gone
+    once the session ends."""
     report = (yield).get_result()
-    if report.when != 'call' or not report.failed:
+    if report.when == 'setup' or not report.failed:
         return
     node, playing = item.funcargs.get('node'), item.funcargs.get('controller')
-    if node is not None:
+    if node is not None and os.path.exists(node.daemon_log_path):   # gone with the session
         lines = node.daemon_log().splitlines()[-LOG_LINES:]
         report.sections.append(('the daemon\'s log, last %d lines' % len(lines),
                                 '\n'.join(lines)))

@@ -4,11 +4,12 @@
 does, and gives each new pod (each UID) a KuryrPort of the pod's name, whose
 ``status.vifs`` hold one inactive ``VIFBridge`` on the node's bridge with an
 address of its own in ``10.10.0.0/24`` (os-vif primitives, as in
-:mod:`tests.unit.osvif_fixtures`). When the pod is gone from the API it
-deletes the port. A pod named in :meth:`Controller.hold` gets no port until
-:meth:`Controller.release`: a VIF that comes late. Like kuryr-controller, which
-handles pods concurrently, it writes, activates and deletes the ports of
-several pods at once (:data:`WORKERS`); one pod's steps keep their order.
+:mod:`tests.unit.osvif_fixtures`). When the pod is gone from the API (a
+DELETED event, or absent from a relisting) it deletes the port. A pod named in
+:meth:`Controller.hold` gets no port until :meth:`Controller.release`: a VIF
+that comes late. Like kuryr-controller, which handles pods concurrently, it
+writes, activates and deletes the ports of several pods at once
+(:data:`WORKERS`); one pod's steps keep their order.
 
 Its Neutron half marks a port active only once the port's host side exists,
 as Neutron does: a port of the VIF's bridge whose veth peer, in another
@@ -130,10 +131,13 @@ class Controller:
         while not self._stop.is_set():
             try:
                 if version is None:
+                    asked = time.monotonic()
                     listed = self.cluster._json(api.list_pod_for_all_namespaces,
                                                 field_selector=selector)
                     for pod in listed['items']:
                         self._ensure_port(pod)
+                    self._forget_unlisted({pod['metadata']['uid'] for pod in listed['items']},
+                                          asked)
                     version = listed['metadata']['resourceVersion']
                 # Raw JSON: the client's models cost milliseconds of CPU per pod.
                 for event in watch.Watch().stream(
@@ -143,7 +147,7 @@ class Controller:
                     pod = event['object']
                     version = pod['metadata']['resourceVersion']
                     if event['type'] == 'DELETED':
-                        self._delete_port(pod)
+                        self._delete_port(pod['metadata']['uid'])
                     else:
                         self._ensure_port(pod)
                     if self._stop.is_set():
@@ -187,9 +191,19 @@ class Controller:
             self.errors.append(repr(exc))
             raise
 
-    def _delete_port(self, pod):
+    def _forget_unlisted(self, listed_uids, asked):
+        """Delete the ports of pods a list asked for at ``asked`` no longer shows: pods
+        deleted while no watch ran (its version expired, or the server went), whose
+        DELETED events nobody will send. An informer's relist does the same."""
         with self._lock:
-            port = self.ports.pop(pod['metadata']['uid'], None)
+            gone = [uid for uid, port in self.ports.items()
+                    if uid not in listed_uids and port.created < asked]
+        for uid in gone:
+            self._delete_port(uid)
+
+    def _delete_port(self, uid):
+        with self._lock:
+            port = self.ports.pop(uid, None)
         if port is not None:
             self._pool.submit(self._remove, port)
 
