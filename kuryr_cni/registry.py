@@ -53,15 +53,19 @@ class Changes:
     mapped before the Manager and the daemon's processes fork. Only the Manager
     bumps them, after a write to the pods or bindings table and under a lock of
     its own, so no bump is lost. A waiter notes its pod's counter, reads the
-    registry, and then looks at the counter every :data:`CHANGE_POLL` seconds
-    (a read of shared memory) until it moves: a change is seen within
-    milliseconds, and the registry is read again only then. Pods sharing a slot
-    cost a spurious read, never a missed change.
+    registry, and then waits until the counter moves: one thread of its process
+    (:class:`_Lookout`) looks at the counters its process waits on every
+    :data:`CHANGE_POLL` seconds (a read of shared memory) and wakes the waiters
+    whose counter moved. A change is seen within milliseconds, and the registry
+    is read again only then. Pods sharing a slot cost a spurious read, never a
+    missed change.
     """
 
     def __init__(self, slots=CHANGE_SLOTS):
         self._counters = multiprocessing.RawArray(ctypes.c_uint32, slots)
         self._lock = threading.Lock()
+        self._lookout = None        # this process's, made at its first wait
+        self._lookout_lock = threading.Lock()
 
     def _slot(self, key):
         return zlib.crc32(key.encode()) % len(self._counters)
@@ -73,13 +77,13 @@ class Changes:
     def wait(self, key, seen, timeout):
         """Until ``key``'s counter is not ``seen`` (True) or ``timeout`` seconds pass (False)."""
         slot = self._slot(key)
-        deadline = time.monotonic() + timeout
-        while self._counters[slot] == seen:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            time.sleep(min(CHANGE_POLL, remaining))
-        return True
+        if self._counters[slot] != seen:
+            return True
+        with self._lookout_lock:
+            if self._lookout is None or self._lookout.pid != os.getpid():   # forked since
+                self._lookout = _Lookout(self._counters)
+            lookout = self._lookout
+        return lookout.wait(slot, seen, timeout)
 
     def bump(self, keys=None):
         """Move the counters of ``keys`` (None: all); the Manager's tables call it."""
@@ -87,6 +91,52 @@ class Changes:
         with self._lock:
             for slot in slots:
                 self._counters[slot] = (self._counters[slot] + 1) & 0xFFFFFFFF
+
+
+class _Lookout:
+    """The thread of one process that looks at the counters its threads wait on.
+
+    Thirty ADDs waiting for their VIFs, each looking at its own counter every
+    few milliseconds, were a thousand wake-ups a second competing for the
+    interpreter lock and for the CPU of a node busy starting pods; one thread
+    per process looks at all of them, and only while some thread waits.
+    """
+
+    def __init__(self, counters):
+        self.pid = os.getpid()
+        self._counters = counters
+        self._lock = threading.Lock()
+        self._waits = {}                    # (slot, counter seen) -> [Event, waiters]
+        self._waiting = threading.Event()   # set while _waits is not empty
+        threading.Thread(target=self._run, name='kuryr-cni-changes', daemon=True).start()
+
+    def wait(self, slot, seen, timeout):
+        key = (slot, seen)
+        with self._lock:
+            entry = self._waits.setdefault(key, [threading.Event(), 0])
+            entry[1] += 1
+            self._waiting.set()
+        try:
+            # Looked at once registered: a move before this is seen here, a later one
+            # by the thread, which compares each wait's own counter, not a snapshot.
+            return self._counters[slot] != seen or entry[0].wait(timeout)
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if not entry[1]:
+                    del self._waits[key]
+                    if not self._waits:
+                        self._waiting.clear()
+
+    def _run(self):
+        while True:
+            self._waiting.wait()
+            time.sleep(CHANGE_POLL)
+            with self._lock:
+                moved = [event for (slot, seen), (event, _) in self._waits.items()
+                         if self._counters[slot] != seen]
+            for event in moved:
+                event.set()
 
 
 def _changed(keys=None):

@@ -13,12 +13,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from prometheus_client import parser as prom_parser
 
 from kuryr_cni import records
 from kuryr_cni import registry as registry_mod
+from tests import wait
 
 FORK = multiprocessing.get_context('fork')
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -208,6 +211,77 @@ def test_concurrent_writers_lose_no_bump(reg, children):
     seen = reg.changes.version('ns0/pod-0')
     run_children(children, _child_puts_one_pod, [(reg, 'ns0/pod-0', 50)] * 4)
     assert reg.changes.version('ns0/pod-0') == seen + 200
+
+
+def _distinct_slots(reg, count):
+    keys, slots = [], set()
+    for n in range(count * 4):
+        key = 'burst/pod-%d' % n
+        if reg.changes._slot(key) not in slots:
+            slots.add(reg.changes._slot(key))
+            keys.append(key)
+    return keys[:count]
+
+
+def _lookouts():
+    return {t for t in threading.enumerate() if t.name == 'kuryr-cni-changes'}
+
+
+def _voluntary_switches(thread):
+    with open('/proc/self/task/%d/status' % thread.native_id) as f:
+        return int(next(line for line in f if line.startswith('voluntary_ctxt_switches'))
+                   .split()[1])
+
+
+def test_many_waiters_of_a_process_share_one_lookout_idle_without_them(reg):
+    keys = _distinct_slots(reg, 30)
+    seen = {key: reg.changes.version(key) for key in keys}
+    woken = {}
+    others = set(_lookouts())       # of other tests' registries
+
+    def waiter(key):
+        woken[key] = reg.changes.wait(key, seen[key], 30)
+
+    threads = [threading.Thread(target=waiter, args=(key,)) for key in keys]
+    for thread in threads:
+        thread.start()
+    for key in keys[:10]:
+        reg.pods.put(key, {'uid': 'u'})
+    wait.until(lambda: len(woken) == 10, 10, 'the ten waiters whose pod changed to wake')
+    assert set(woken) == set(keys[:10]) and all(woken.values())
+    for key in keys[10:]:
+        reg.pods.put(key, {'uid': 'u'})
+    for thread in threads:
+        thread.join(10)
+    assert len(woken) == 30 and all(woken.values())
+
+    lookouts = list(_lookouts() - others)
+    assert len(lookouts) == 1
+    # With nobody waiting it sleeps, not polls (a poll every 5 ms: ~40 switches here).
+    before = _voluntary_switches(lookouts[0])
+    time.sleep(0.2)
+    assert _voluntary_switches(lookouts[0]) - before <= 1
+
+
+def _child_waits(reg, key, seen, answer):
+    answer.send('waiting')
+    answer.send(reg.changes.wait(key, seen, 10))
+
+
+def test_a_child_forked_after_its_parent_waited_gets_a_lookout_of_its_own(reg, children):
+    seen = reg.changes.version('demo/web-0')
+    assert not reg.changes.wait('demo/web-0', seen, 0.01)      # the parent's lookout
+    ours, theirs = FORK.Pipe()
+    proc = FORK.Process(target=_child_waits, args=(reg, 'demo/web-0', seen, theirs))
+    children.append(proc)
+    proc.start()
+    assert ours.poll(10) and ours.recv() == 'waiting'
+    # A Manager round trip: the child waits by the time the counter moves. With the
+    # parent's lookout, whose thread the child does not have, it would time out.
+    reg.pods.put('demo/web-0', {'uid': 'u'})
+    assert ours.poll(10), 'the child did not answer within 10 s'
+    assert ours.recv() is True
+    proc.join(10)
 
 
 def test_find_container_follows_puts_drops_and_replace(reg):
