@@ -176,7 +176,10 @@ class Cluster:
         configuration.ssl_ca_cert = self.ca_file
         configuration.api_key['BearerToken'] = self.token('admin')
         configuration.api_key_prefix['BearerToken'] = 'Bearer'
-        configuration.connection_pool_maxsize = 8
+        # Every pool of threads calling through it at once (the admin pool, the node
+        # tier's stand-in controller and its Neutron half): a connection that does not
+        # fit is dropped, and the next call pays a new TLS handshake.
+        configuration.connection_pool_maxsize = 32
         return client.ApiClient(configuration)
 
     def daemon_config(self, node_name, vif_source='annotation'):

@@ -8,8 +8,9 @@ address of its own in ``10.10.0.0/24`` (os-vif primitives, as in
 DELETED event, or absent from a relisting) it deletes the port. A pod named in
 :meth:`Controller.hold` gets no port until :meth:`Controller.release`: a VIF
 that comes late. Like kuryr-controller, which handles pods concurrently, it
-writes, activates and deletes the ports of several pods at once
-(:data:`WORKERS`); one pod's steps keep their order.
+writes and deletes the ports of several pods at once (:data:`WORKERS`), and its
+Neutron half activates them on threads of its own, as Neutron's server is
+another process: an activation never waits behind a burst's writes.
 
 Its Neutron half marks a port active only once the port's host side exists,
 as Neutron does: a port of the VIF's bridge whose veth peer, in another
@@ -91,6 +92,7 @@ class Controller:
         # Host end index -> [peer's namespace ID, peer's index, peer's MAC once read].
         self._bridge_ports = {}
         self._pool = cluster.executor(WORKERS, 'stand-in-api')
+        self._activating = cluster.executor(WORKERS, 'stand-in-activate')
         self._threads = [threading.Thread(target=self._neutron, daemon=True,
                                           name='stand-in-neutron')]
         self._watching = cluster.submit(self._watch)
@@ -114,13 +116,30 @@ class Controller:
     def port(self, pod):
         return self.ports[pod['metadata']['uid']]
 
+    def account(self):
+        """What it did for the pods it holds ports for, and its errors: for a failing
+        test to say whether the control plane or the daemon was late."""
+        with self._lock:
+            ports = list(self.ports.values())
+        unwritten = [p.name for p in ports if p.written is None or not p.written.done()]
+        inactive = sorted(p.name for p in ports if p.activated is None)
+        delays = sorted(p.activated - p.created for p in ports if p.activated is not None)
+        lines = ['%d ports, %d not written yet, %d not active%s'
+                 % (len(ports), len(unwritten), len(inactive),
+                    ': ' + ' '.join(inactive[:20]) if inactive else '')]
+        if delays:
+            lines.append('active after their creation: median %.2f s, slowest %.2f s'
+                         % (delays[len(delays) // 2], delays[-1]))
+        return '\n'.join(lines + ['error: ' + e for e in self.errors[-20:]])
+
     def close(self):
         self._stop.set()
         for thread in self._threads:
             thread.join(10)
         with contextlib.suppress(Exception):
             self._watching.result(WATCH_SECONDS * 3)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (self._pool, self._activating):
+            pool.shutdown(wait=True, cancel_futures=True)
 
     # kuryr-controller ---------------------------------------------------------------------
 
@@ -210,17 +229,22 @@ class Controller:
     def _remove(self, port):
         with contextlib.suppress(Exception):    # its creation failed: the error is recorded
             port.written.result()
-        current = self.cluster._json(self._custom().list_namespaced_custom_object,
-                                     'openstack.org', 'v1', port.namespace, 'kuryrports')
-        for item in current['items']:
-            if item['metadata']['name'] == port.name and item['spec']['podUid'] == port.uid:
-                # That object only: a new incarnation's port may have replaced it by now.
-                only = client.V1DeleteOptions(
-                    preconditions=client.V1Preconditions(uid=item['metadata']['uid']))
-                with contextlib.suppress(client.exceptions.ApiException):
-                    self.cluster.call(self._custom().delete_namespaced_custom_object,
+        try:
+            item = self.cluster._json(self._custom().get_namespaced_custom_object,
                                       'openstack.org', 'v1', port.namespace, 'kuryrports',
-                                      port.name, body=only)
+                                      port.name)
+        except client.exceptions.ApiException as exc:
+            if exc.status != 404:
+                self.errors.append(repr(exc))
+            return
+        if item['spec']['podUid'] == port.uid:
+            # That object only: a new incarnation's port may have replaced it by now.
+            only = client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=item['metadata']['uid']))
+            with contextlib.suppress(client.exceptions.ApiException):
+                self.cluster.call(self._custom().delete_namespaced_custom_object,
+                                  'openstack.org', 'v1', port.namespace, 'kuryrports',
+                                  port.name, body=only)
 
     def _number(self):
         used = {port.number for port in self.ports.values()}
@@ -251,7 +275,7 @@ class Controller:
                     if waiting:
                         for mac in self._pod_end_macs(node_side) & set(waiting):
                             waiting[mac].activating = True
-                            self._pool.submit(self._activate, waiting[mac])
+                            self._activating.submit(self._activate, waiting[mac])
                     if select.select([changes], [], [], RESCAN)[0] and \
                             not self._follow_changes(changes, bridge):
                         listed = None
