@@ -17,6 +17,7 @@ device, binding or queued DEL is left.
 """
 
 import os
+import re
 
 import pytest
 
@@ -27,25 +28,34 @@ from tests.node import controller as kcontroller
 from tests.node import kubenode
 
 SESSION_PREFIX = 'kc-n%d' % os.getpid()
-LOG_LINES = 80          # of the daemon's log, shown with a failing test
+LOG_LINES = 40          # of the daemon's log, shown with a failing test
+PROBLEM_LINES = 30      # of its warnings and errors: the tail may hold only retries
+_PROBLEM = re.compile(r' (WARNING|ERROR|CRITICAL) '
+                      r'| kuryr_cni\.listwatch .*(expired|re-established|cannot list)')
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A failing test, or a test whose pods were not all cleaned up after it, shows the
-    end of the daemon's log and what the stand-in met: the node and its files are gone
-    once the session ends."""
+    """A failing test, or a test whose pods were not all cleaned up after it, shows what
+    the stand-in did, the daemon's warnings and errors (and its watches' restarts),
+    and the end of the daemon's log: the node and its files are gone once the session
+    ends. They come first, before pytest's captured output, so a record that keeps
+    only the head of a failure still has them."""
     report = (yield).get_result()
     if report.when == 'setup' or not report.failed:
         return
     node, playing = item.funcargs.get('node'), item.funcargs.get('controller')
+    sections = []
+    if playing is not None:
+        sections.append(('the stand-in controller', playing.account()))
     if node is not None and os.path.exists(node.daemon_log_path):   # gone with the session
-        lines = node.daemon_log().splitlines()[-LOG_LINES:]
-        report.sections.append(('the daemon\'s log, last %d lines' % len(lines),
-                                '\n'.join(lines)))
-    if playing is not None and playing.errors:
-        report.sections.append(('the stand-in controller\'s errors',
-                                '\n'.join(playing.errors[-20:])))
+        lines = node.daemon_log().splitlines()
+        problems = [line for line in lines if _PROBLEM.search(line)][:PROBLEM_LINES]
+        sections.append(('the daemon\'s first %d warnings, errors and watch restarts'
+                         % len(problems), '\n'.join(problems)))
+        sections.append(('the daemon\'s log, last %d lines' % LOG_LINES,
+                         '\n'.join(lines[-LOG_LINES:])))
+    report.sections[:0] = sections
 
 
 @pytest.fixture(scope='session')
