@@ -56,7 +56,8 @@ cni_daemon_opts = [
     cfg.IntOpt('vif_timeout', default=60, min=1, max=600,
                deprecated_name='vif_annotation_timeout',
                help='Seconds an ADD waits for its pod and every VIF of it to be '
-                    'present and active before failing with CNI code 11.'),
+                    'present and active before failing with CNI code 11. The plug '
+                    'between the two waits does not count.'),
     cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
                help='Deadline of one CNI request inside the daemon, in seconds. '
                     'Keep it under the shim\'s "timeout" (110) and kubelet\'s 120.'),

@@ -11,7 +11,8 @@ under the pod's flock (:mod:`kuryr_cni.podlock`):
   devices (by their records, which stay persisted until the devices are gone),
   records the attachment as ``plugging``, plugs, and records it ``ready``; and
   only then waits (unlocked) until every VIF is active, as upstream kuryr does:
-  Neutron marks a port ACTIVE only once it sees the host side just plugged. A
+  Neutron marks a port ACTIVE only once it sees the host side just plugged. The
+  two waits share ``vif_timeout``; the plug between them does not count. A
   timeout leaves what was plugged recorded for the runtime's DEL; a DEL of B
   while it waits unplugs it and fails the ADD. A sandbox's namespace is fixed
   by its first ADD: an ADD naming another one is refused (code 4) and changes
@@ -61,16 +62,20 @@ class Ownership:
         pod = req.pod
         self.registry.bindings.add_started(req.container_id, time.monotonic(), pod.key)
         try:
-            wait_until = min(deadline, time.monotonic() + self.vif_timeout)
             started = time.monotonic()
-            vifs = self._wait(pod, wait_until, 'published', _vifs_published)
+            vifs = self._wait(pod, min(deadline, started + self.vif_timeout), 'published',
+                              _vifs_published)
             waited = time.monotonic() - started
             result = self._claim_and_plug(req, vifs, deadline)
             # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
             # only once it sees the port's host side, which the plug just made.
             if not _all_active(vifs):
                 started = time.monotonic()
-                self._wait_active(req, vifs, wait_until)
+                # vif_timeout bounds the two waits together, not the plug between
+                # them: on a node busy starting pods, the plug's wait for the rtnl
+                # lock and the disk is not time the control plane had.
+                self._wait_active(req, vifs,
+                                  min(deadline, started + self.vif_timeout - waited))
                 waited += time.monotonic() - started
             metrics.vif_waited(waited)
             return result

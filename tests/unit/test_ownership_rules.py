@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -416,6 +417,46 @@ def test_the_record_before_the_devices_is_durable_and_the_completed_one_is_not(
     assert writes == [('plugging', True, []), ('ready', False, MAKE_A)]
     assert world.ownership.store.load(POD).sandboxes['A'].attachments[
         ('kuryr', 'eth0')].state == 'ready'
+
+
+def test_the_plug_does_not_count_against_the_wait_for_active_vifs(world, monkeypatch):
+    """vif_timeout (3 s here) bounds the ADD's waits, not its plug: a plug that takes
+    2 s, then a port active 1.5 s later, 3.5 s after the ADD began, is a success."""
+    connect = world.kernel.connect
+
+    def slow(vif, plug):
+        time.sleep(2)       # a node busy starting pods: the rtnl lock, the disk
+        connect(vif, plug)
+    monkeypatch.setattr(world.kernel, 'connect', slow)
+    world.publish(active=False)
+    started = time.monotonic()
+    add = world.pool.submit(world.request, 'ADD', 'A')
+    wait.until(lambda: world.kernel.plugged, what='the plug to end')
+    activate = threading.Timer(1.5, world.activate)
+    activate.start()
+    try:
+        assert add.result(timeout=30) == 'ok'
+    finally:
+        activate.join()
+    assert time.monotonic() - started > world.ownership.vif_timeout
+
+
+def test_the_two_waits_share_the_vif_timeout(world):
+    """VIFs published 2 s into an ADD (vif_timeout 3 s) and never active: it fails
+    with code 11 once it has waited 3 s in all, plugged for the runtime's DEL."""
+    world.registry.drop_pod(POD)
+    started = time.monotonic()
+    add = world.pool.submit(world.request, 'ADD', 'A')
+    wait.until(lambda: 'A' in world.registry.bindings.adds_since(0), what='ADD A in flight')
+    publish = threading.Timer(2, world.publish, kwargs={'active': False})
+    publish.start()
+    try:
+        assert add.result(timeout=30) == 11
+    finally:
+        publish.join()
+    took = time.monotonic() - started
+    assert world.ownership.vif_timeout <= took < world.ownership.vif_timeout + 1.5
+    assert world.effects() == MAKE_A
 
 
 # -- the binding policy: refused before anything is claimed -----------------------------
