@@ -121,11 +121,11 @@ class Controller:
         test to say whether the control plane or the daemon was late."""
         with self._lock:
             ports = list(self.ports.values())
-        unwritten = [p.name for p in ports if p.written is None or not p.written.done()]
+        unwritten = sum(p.written is None or not p.written.done() for p in ports)
         inactive = sorted(p.name for p in ports if p.activated is None)
         delays = sorted(p.activated - p.created for p in ports if p.activated is not None)
         lines = ['%d ports, %d not written yet, %d not active%s'
-                 % (len(ports), len(unwritten), len(inactive),
+                 % (len(ports), unwritten, len(inactive),
                     ': ' + ' '.join(inactive[:20]) if inactive else '')]
         if delays:
             lines.append('active after their creation: median %.2f s, slowest %.2f s'
