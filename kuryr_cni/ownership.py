@@ -60,11 +60,13 @@ class Ownership:
     def add(self, req, deadline):
         self.kernel.check_netns(req.netns)
         pod = req.pod
-        self.registry.bindings.add_started(req.container_id, time.monotonic(), pod.key)
+        bindings = self.registry.bindings
         try:
             started = time.monotonic()
+            # The ADD's registration brings back its first look at the pod's record.
             vifs = self._wait(pod, min(deadline, started + self.vif_timeout), 'published',
-                              _vifs_published)
+                              _vifs_published, first_look=lambda: bindings.add_started(
+                                  req.container_id, started, pod.key))
             waited = time.monotonic() - started
             result = self._claim_and_plug(req, vifs, deadline)
             # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
@@ -80,7 +82,7 @@ class Ownership:
             metrics.vif_waited(waited)
             return result
         finally:
-            self.registry.bindings.add_finished(req.container_id)
+            bindings.add_finished(req.container_id)
 
     def _claim_and_plug(self, req, vifs, deadline):
         """Claim the pod for ``req``'s sandbox, evict the others and plug ``vifs``.
@@ -154,13 +156,16 @@ class Ownership:
         if self.events is not None:
             self.events.waiting_for_active(req.pod, {n: v.to_dict() for n, v in plugged.items()})
 
-        def active(record):
-            summary = self.registry.bindings.get(req.pod.key)
+        def look():
+            summary, record = self.registry.bindings.summary_and_record(req.pod.key)
             if summary is None or summary.owner != cid:
                 raise errors.TryAgainLater(
                     'sandbox %s of pod %s was %s while waiting for its VIFs to be active'
                     % (cid, req.pod.key, 'replaced by %s' % summary.owner
                        if summary and summary.owner else 'deleted'))
+            return record
+
+        def active(record):
             vifs = _vifs_published(record)
             if vifs is None or not _all_active(vifs):
                 return None
@@ -170,10 +175,13 @@ class Ownership:
                                            % req.pod.key)
             return vifs
 
-        self._wait(req.pod, deadline, 'active', active)
+        self._wait(req.pod, deadline, 'active', active, look=look)
 
-    def _wait(self, pod, deadline, what, ready):
+    def _wait(self, pod, deadline, what, ready, look=None, first_look=None):
         """Read ``pod``'s record until it satisfies ``ready``, each time its rows change.
+
+        ``look()`` reads the record (default: from the pods table);
+        ``first_look()``, when given, instead of the first ``look()``.
 
         The registry's change counters (:class:`kuryr_cni.registry.Changes`,
         shared memory) say when to read again, not a Manager Condition: a
@@ -184,10 +192,12 @@ class Ownership:
         Event on the pod (``events``, best effort, never waited for).
         """
         changes = self.registry.changes
+        look = look or (lambda: self.registry.pods.get(pod.key))
+        next_look = first_look or look
         started = time.monotonic()
         while True:
             seen = changes.version(pod.key)     # before the read: a later change moves it
-            record = self.registry.pods.get(pod.key)
+            record, next_look = next_look(), look
             # A record without UID is a static pod's (KuryrPort source): no UID fence.
             if record and not (pod.uid is None or record['uid'] in (None, pod.uid)):
                 record = None       # another incarnation of the name

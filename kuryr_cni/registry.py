@@ -44,6 +44,7 @@ CHANGE_SLOTS = 4096
 CHANGE_POLL = 0.005     # seconds between looks at a counter
 
 _changes = None         # in the Manager process: the Changes its tables bump
+_pods = None            # in the Manager process: its one PodTable, which the BindingTable reads
 
 
 class Changes:
@@ -330,14 +331,18 @@ class BindingTable(_Table):
     and the addresses each reserved.
 
     An ADD makes three calls: :meth:`add_started`, :meth:`admit_add` (its
-    order and its addresses, judged together) and :meth:`add_finished`. Times
+    order and its addresses, judged together) and :meth:`add_finished`. Two
+    of its reads come with a call it makes anyway or with each other: the
+    pods table lives in the same process (``pods``), and on a node busy
+    starting pods every Manager call waits for the Manager's turn on a CPU. Times
     are ``time.monotonic()`` readings (one clock for every process of the
     machine, never stepped): a wall clock stepped forward would make ADDs in
     flight look dead to a GC.
     """
 
-    def __init__(self):
+    def __init__(self, pods=None):
         super().__init__()
+        self._pods = pods           # the PodTable; None: a table on its own (unit tests)
         self._by_container = {}
         self._by_address = {}       # MAC or IP -> {pod key}
         self._reserved = {}         # container ID -> (pod key, addresses, time.monotonic() limit)
@@ -373,7 +378,11 @@ class BindingTable(_Table):
     # ADDs in flight ----------------------------------------------------------------
 
     def add_started(self, container_id, when, pod=None):
-        """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of."""
+        """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of.
+
+        Returns ``pod``'s record in the pods table (None: none yet), the ADD's
+        first look for its VIFs.
+        """
         with self._lock:
             self._adds[container_id] = when
             if pod is not None:
@@ -382,6 +391,16 @@ class BindingTable(_Table):
                 if len(self._newest_add) > NEWEST_ADD_PRUNE_AT:
                     self._newest_add = {key: entry for key, entry in self._newest_add.items()
                                         if now - entry[1] < NEWEST_ADD_TTL}
+        return self._pod_record(pod)
+
+    def summary_and_record(self, pod):
+        """``(summary, record)``: ``pod``'s binding summary and its pods-table record."""
+        with self._lock:
+            summary = self._rows.get(pod)
+        return summary, self._pod_record(pod)
+
+    def _pod_record(self, pod):
+        return None if pod is None or self._pods is None else self._pods.get(pod)
 
     def _newest(self, pod):
         """The container ID of the ADD for ``pod`` that started last, or None when unknown.
@@ -490,8 +509,18 @@ class _RegistryManager(multiprocessing.managers.BaseManager):
     pass
 
 
-_RegistryManager.register('PodTable', PodTable)
-_RegistryManager.register('BindingTable', BindingTable)
+def _pod_table():
+    return _pods
+
+
+def _binding_table():
+    return BindingTable(_pods)
+
+
+# The Manager process has one PodTable (made at its start), which the
+# BindingTable reads in the calls that also return a pod's record.
+_RegistryManager.register('PodTable', _pod_table)
+_RegistryManager.register('BindingTable', _binding_table)
 _RegistryManager.register('StatusTable', StatusTable)
 _RegistryManager.register('StaleDelLog', StaleDelLog)
 
@@ -508,8 +537,9 @@ def _init_manager_process(title, parent_pid, changes):
     if os.getppid() != parent_pid:
         os._exit(1)
     setproctitle.setproctitle(title)
-    global _changes
+    global _changes, _pods
     _changes = changes
+    _pods = PodTable()
 
 
 class Registry:

@@ -459,6 +459,19 @@ def test_the_two_waits_share_the_vif_timeout(world):
     assert world.effects() == MAKE_A
 
 
+def test_a_del_of_a_deleting_pods_sandbox_ends_its_wait_for_active_vifs_at_once(world):
+    """kubelet deletes a pod whose ADD waits for its VIFs to be active, and DELs the
+    sandbox: the ADD fails then (code 11), not when vif_timeout (3 s) runs out."""
+    world.start_add('A')
+    world.effects()
+    world.registry.put_pod(POD, dict(world.pod_record, deleting=True))
+    deleted = time.monotonic()
+    assert world.request('DEL', 'A') == 'ok'
+    assert world.in_flight.pop('A').result(timeout=30) == 11
+    assert time.monotonic() - deleted < world.ownership.vif_timeout / 2
+    assert world.effects() == HOST_A and world.owner() is None
+
+
 # -- the binding policy: refused before anything is claimed -----------------------------
 
 @pytest.mark.parametrize('owned', [False, True], ids=['first ADD', 'ADD of a new sandbox'])

@@ -330,6 +330,20 @@ def test_count_attachments(reg):
     assert table.count_attachments() == 1
 
 
+def test_an_adds_calls_return_the_pods_record_of_the_same_managers_pod_table(reg):
+    assert reg.bindings.add_started('c1', time.monotonic(), 'demo/a') is None
+    assert reg.bindings.summary_and_record('demo/a') == (None, None)
+    reg.pods.put('demo/a', {'uid': 'u1', 'vifs': {}})
+    reg.bindings.put('demo/a', binding('demo/a', c1=1))
+    assert reg.bindings.add_started('c2', time.monotonic(), 'demo/a') == {'uid': 'u1', 'vifs': {}}
+    assert reg.bindings.summary_and_record('demo/a') == (binding('demo/a', c1=1),
+                                                         {'uid': 'u1', 'vifs': {}})
+    reg.pods.drop('demo/a')
+    assert reg.bindings.summary_and_record('demo/a') == (binding('demo/a', c1=1), None)
+    assert reg.bindings.add_started('c3', time.monotonic()) is None     # no pod named
+    assert reg.bindings.adds_since(0) == {'c1', 'c2', 'c3'}
+
+
 # -- the Manager process ------------------------------------------------------
 
 def test_manager_process_is_named_after_its_role(started):
