@@ -200,7 +200,7 @@ class Controller:
                 # controller's finalizer on the old pod would have it; the old pod's
                 # own removal (_remove) may take it first.
                 try:
-                    self._custom().delete_namespaced_custom_object(
+                    self.cluster.custom.delete_namespaced_custom_object(
                         'openstack.org', 'v1', port.namespace, 'kuryrports', port.name)
                 except client.exceptions.ApiException as gone:
                     if gone.status != 404:
@@ -230,7 +230,7 @@ class Controller:
         with contextlib.suppress(Exception):    # its creation failed: the error is recorded
             port.written.result()
         try:
-            item = self.cluster._json(self._custom().get_namespaced_custom_object,
+            item = self.cluster._json(self.cluster.custom.get_namespaced_custom_object,
                                       'openstack.org', 'v1', port.namespace, 'kuryrports',
                                       port.name)
         except client.exceptions.ApiException as exc:
@@ -242,7 +242,7 @@ class Controller:
             only = client.V1DeleteOptions(
                 preconditions=client.V1Preconditions(uid=item['metadata']['uid']))
             with contextlib.suppress(client.exceptions.ApiException):
-                self.cluster.call(self._custom().delete_namespaced_custom_object,
+                self.cluster.call(self.cluster.custom.delete_namespaced_custom_object,
                                   'openstack.org', 'v1', port.namespace, 'kuryrports',
                                   port.name, body=only)
 
@@ -253,9 +253,6 @@ class Controller:
             if number not in used:
                 return number
         raise AssertionError('no address left in %s' % SUBNET)
-
-    def _custom(self):
-        return client.CustomObjectsApi(self.cluster.api)
 
     # Neutron ------------------------------------------------------------------------------
 
