@@ -157,8 +157,8 @@ class KubeNode(testhost.Host):
             # tools/node run, nsenter, env and the entrypoint exec each other: the
             # process is the daemon's parent.
             self.daemon = subprocess.Popen(
-                [TOOL, 'run', self.dir, 'env', *('%s=%s' % item for item in env.items()),
-                 ENTRYPOINT],
+                [TOOL, 'run', self.dir, '--unit', 'kuryr-cni-daemon', 'env',
+                 *('%s=%s' % item for item in env.items()), ENTRYPOINT],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         if wait_ready:
             self.wait_daemon_ready(timeout)
