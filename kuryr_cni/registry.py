@@ -331,10 +331,11 @@ class BindingTable(_Table):
     and the addresses each reserved.
 
     An ADD makes three calls: :meth:`add_started`, :meth:`admit_add` (its
-    order and its addresses, judged together) and :meth:`add_finished`. Two
-    of its reads come with a call it makes anyway or with each other: the
-    pods table lives in the same process (``pods``), and on a node busy
-    starting pods every Manager call waits for the Manager's turn on a CPU. Times
+    order and its addresses, judged together) and :meth:`add_finished`. Its
+    reads of the pods table (``pods``, in the same Manager process) ride on
+    calls it makes anyway: :meth:`add_started` returns the pod's record, and
+    :meth:`summary_and_record` reads the owner and the record at once. On a
+    node busy starting pods, every Manager call waits for its turn on a CPU. Times
     are ``time.monotonic()`` readings (one clock for every process of the
     machine, never stepped): a wall clock stepped forward would make ADDs in
     flight look dead to a GC.
