@@ -28,6 +28,7 @@ given (:class:`kuryr_cni.kernel.Kernel` in the daemon).
 
 import dataclasses
 import time
+import uuid
 
 from oslo_log import log as logging
 
@@ -61,14 +62,17 @@ class Ownership:
         self.kernel.check_netns(req.netns)
         pod = req.pod
         bindings = self.registry.bindings
+        # This ADD's own name in the registry: the runtime may retry an ADD of the
+        # sandbox while this one runs, and each ends only its own mark.
+        token = uuid.uuid4().hex
         try:
             started = time.monotonic()
             # The ADD's registration brings back its first look at the pod's record.
             vifs = self._wait(pod, min(deadline, started + self.vif_timeout), 'published',
                               _vifs_published, first_look=lambda: bindings.add_started(
-                                  req.container_id, started, pod.key))
+                                  req.container_id, started, pod.key, token))
             waited = time.monotonic() - started
-            result = self._claim_and_plug(req, vifs, deadline)
+            result = self._claim_and_plug(req, vifs, deadline, token)
             # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
             # only once it sees the port's host side, which the plug just made.
             if not _all_active(vifs):
@@ -82,9 +86,9 @@ class Ownership:
             metrics.vif_waited(waited)
             return result
         finally:
-            bindings.add_finished(req.container_id)
+            bindings.add_finished(token)
 
-    def _claim_and_plug(self, req, vifs, deadline):
+    def _claim_and_plug(self, req, vifs, deadline, token):
         """Claim the pod for ``req``'s sandbox, evict the others and plug ``vifs``.
 
         One hold of the pod's lock; the claim is persisted before anyone is
@@ -94,7 +98,7 @@ class Ownership:
         with self.locks.hold(req.pod.key, deadline) as remove_lock:
             binding = self._load(req.pod.key)
             try:
-                self._admit(req, vifs, deadline)
+                self._admit(req, vifs, deadline, token)
                 self._refuse_moved_sandbox(binding, req)
                 free_names = self._refuse_foreign_ifname(binding, req)
             except errors.CNIError:
@@ -111,7 +115,7 @@ class Ownership:
                     remove_lock()   # refused before anything was written
                 raise
 
-    def _admit(self, req, vifs, deadline):
+    def _admit(self, req, vifs, deadline, token):
         """Refuse VIFs the node's binding policy forbids, an ADD overtaken by a newer
         sandbox's, and VIFs whose MAC or IP another pod of the node holds; else
         reserve those addresses for this ADD.
@@ -133,7 +137,7 @@ class Ownership:
             raise
         addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
         newest, taken = self.registry.bindings.admit_add(
-            req.container_id, req.pod.key, addresses, deadline)
+            req.container_id, req.pod.key, addresses, deadline, token)
         if newest not in (None, req.container_id):
             raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
                                        'whose ADD came later' % (req.container_id, req.pod.key,

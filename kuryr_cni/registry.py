@@ -346,8 +346,11 @@ class BindingTable(_Table):
         self._pods = pods           # the PodTable; None: a table on its own (unit tests)
         self._by_container = {}
         self._by_address = {}       # MAC or IP -> {pod key}
-        self._reserved = {}         # container ID -> (pod key, addresses, time.monotonic() limit)
-        self._adds = {}             # container ID -> time.monotonic() its ADD started
+        # An ADD in flight is known by its token, not its container ID: a runtime
+        # may retry an ADD of a sandbox while the first still runs, and the first
+        # to end must not end the other's mark or reservation.
+        self._reserved = {}         # ADD token -> (pod key, addresses, time.monotonic() limit)
+        self._adds = {}             # ADD token -> (container ID, time.monotonic() it started)
         self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
 
     def put(self, key, value):
@@ -378,14 +381,16 @@ class BindingTable(_Table):
 
     # ADDs in flight ----------------------------------------------------------------
 
-    def add_started(self, container_id, when, pod=None):
+    def add_started(self, container_id, when, pod=None, token=None):
         """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of.
 
+        ``token`` names this ADD in :meth:`admit_add` and :meth:`add_finished`
+        (default: the container ID, for callers that run one ADD per sandbox).
         Returns ``pod``'s record in the pods table (None: none yet), the ADD's
         first look for its VIFs.
         """
         with self._lock:
-            self._adds[container_id] = when
+            self._adds[token or container_id] = (container_id, when)
             if pod is not None:
                 now = time.monotonic()
                 self._newest_add[pod] = (container_id, now)
@@ -412,7 +417,7 @@ class BindingTable(_Table):
         entry = self._newest_add.get(pod)
         return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
 
-    def admit_add(self, container_id, pod, addresses, until):
+    def admit_add(self, container_id, pod, addresses, until, token=None):
         """Judge the ADD of ``container_id`` to ``pod``: ``(newest, taken)``.
 
         ``newest``: the container ID of the pod's newest ADD (see
@@ -425,20 +430,22 @@ class BindingTable(_Table):
             newest = self._newest(pod)
             if newest not in (None, container_id):
                 return newest, {}
-            return newest, self._reserve(container_id, pod, addresses, until)
+            return newest, self._reserve(token or container_id, pod, addresses, until)
 
-    def add_finished(self, container_id):
-        """The ADD of ``container_id`` ended: it is no longer in flight, its reservation ends."""
+    def add_finished(self, token):
+        """The ADD of ``token`` (its :meth:`add_started` token) ended: it is no longer in
+        flight, its reservation ends. Another ADD of the same sandbox keeps its own."""
         with self._lock:
-            self._adds.pop(container_id, None)
-            self._reserved.pop(container_id, None)
+            self._adds.pop(token, None)
+            self._reserved.pop(token, None)
 
     def adds_since(self, cutoff):
-        """Container IDs whose ADD started after ``cutoff`` (a ``time.monotonic()``) and runs."""
+        """Container IDs with an ADD that started after ``cutoff`` (a ``time.monotonic()``)
+        and runs."""
         with self._lock:
-            return {cid for cid, started in self._adds.items() if started > cutoff}
+            return {cid for cid, started in self._adds.values() if started > cutoff}
 
-    def reserve_addresses(self, container_id, pod, addresses, until):
+    def reserve_addresses(self, container_id, pod, addresses, until, token=None):
         """Reserve ``addresses`` (MACs, IPs) for the ADD of ``container_id`` to pod ``pod``
         until ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
 
@@ -449,13 +456,13 @@ class BindingTable(_Table):
         :meth:`add_finished` or at ``until`` (a worker that died).
         """
         with self._lock:
-            return self._reserve(container_id, pod, addresses, until)
+            return self._reserve(token or container_id, pod, addresses, until)
 
-    def _reserve(self, container_id, pod, addresses, until):
+    def _reserve(self, token, pod, addresses, until):
         addresses = frozenset(addresses)
         now = time.monotonic()
-        for cid in [c for c, (_, _, limit) in self._reserved.items() if limit <= now]:
-            del self._reserved[cid]
+        for expired in [t for t, (_, _, limit) in self._reserved.items() if limit <= now]:
+            del self._reserved[expired]
         taken = {}
         for address in sorted(addresses):
             holders = self._by_address.get(address, set()) - {pod}
@@ -466,7 +473,7 @@ class BindingTable(_Table):
                 for address in reserved & addresses:
                     taken.setdefault(address, other)
         if not taken:
-            self._reserved[container_id] = (pod, addresses, until)
+            self._reserved[token] = (pod, addresses, until)
         return taken
 
     def find_container(self, container_id):

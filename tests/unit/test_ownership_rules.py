@@ -510,3 +510,32 @@ def test_an_address_another_pod_holds_is_refused_and_changes_nothing(world):
     assert world.effects() == []
     assert world.ownership.store.load(other) is None
     assert not os.path.exists(world.ownership.locks.path(other))
+
+
+# -- two ADDs of one sandbox (a runtime's retry while the first still runs) ------------
+
+def test_the_first_of_two_adds_of_one_sandbox_to_end_leaves_the_other_in_flight(
+        world, monkeypatch):
+    """The runtime retries ADD A while the first ADD A waits for its VIFs to be active;
+    the retry is plugging when the first ends. It stays in flight (a GC spares what it
+    plugs) until it ends itself: each ADD has its own mark, not its sandbox's."""
+    world.start_add('A')
+    plugging, release = threading.Event(), threading.Event()
+    connect = world.kernel.connect
+
+    def held(vif, plug):
+        plugging.set()
+        release.wait(30)
+        connect(vif, plug)
+    monkeypatch.setattr(world.kernel, 'connect', held)
+    retry = world.pool.submit(world.request, 'ADD', 'A')
+    try:
+        assert plugging.wait(30)
+        assert world.finish('A') == 'ok'            # the first ADD ends
+        in_flight = world.registry.bindings.adds_since(0)
+    finally:
+        release.set()
+    assert 'A' in in_flight
+    assert retry.result(timeout=30) == 'ok'
+    assert 'A' not in world.registry.bindings.adds_since(0)
+    assert world.owner() == 'A'
