@@ -282,6 +282,10 @@ class Ownership:
         self._save(binding)
         try:
             self._connect_all(req, interfaces)
+        except _NotRolledBack as exc:
+            # Some device of the attachment may remain: its 'plugging' record stays,
+            # so the owner's DEL (which the runtime sends after a failed ADD) finds it.
+            raise exc.error from exc.__cause__
         except Exception:
             del sandbox.attachments[key]
             self._save(binding)
@@ -326,15 +330,26 @@ class Ownership:
                 % (', '.join(sorted(taken)), req.netns))
 
     def _connect_all(self, req, interfaces):
+        """Connect every interface, or none: on failure, remove what was connected.
+
+        Raises the failure; :class:`_NotRolledBack` wraps it when removing
+        failed too, and devices may remain.
+        """
         done = []
         try:
             for interface in interfaces:
                 plug = _plug_of(req.container_id, req.netns, interface)
                 done.append((interface, plug))
                 self.kernel.connect(interface.vif, plug)
-        except Exception:
-            for interface, plug in reversed(done):
-                self.kernel.disconnect(interface.vif.kind, plug)
+        except Exception as error:
+            try:
+                for interface, plug in reversed(done):
+                    self.kernel.disconnect(interface.vif.kind, plug)
+            except Exception as rollback_error:
+                LOG.warning('ADD of pod %s, sandbox %s failed (%s) and removing what it '
+                            'plugged failed too (%s); its record stays for the DEL',
+                            req.pod.key, req.container_id, error, rollback_error)
+                raise _NotRolledBack(error) from rollback_error
             raise
 
     # DEL ------------------------------------------------------------------
@@ -362,6 +377,8 @@ class Ownership:
         cid = req.container_id
         sandbox = binding.sandboxes.get(cid)
         if binding.owner == cid:
+            if not _records_ifname(sandbox, req.ifname):
+                self._remove_tagged(req)    # devices its record lost: their tag proves them
             self._unplug_attachment(binding, cid, (req.network, req.ifname))
             if not sandbox.attachments:
                 binding.owner = None
@@ -557,6 +574,14 @@ class Ownership:
             self.kernel.disconnect(interface.vif.kind, _plug_of(cid, sandbox_netns, interface))
 
 
+class _NotRolledBack(Exception):
+    """A plug failed with ``error``, and removing what it had made failed too."""
+
+    def __init__(self, error):
+        super().__init__(error)
+        self.error = error
+
+
 def _vifs_published(record):
     """The pod's VIFs once the record holds its primary interface's, active or not."""
     vifs = record.get('vifs') or {}
@@ -577,6 +602,12 @@ def _interfaces(vifs, cni_ifname):
     default = next((n for n, v in named.items() if v.default), cni_ifname)
     return [records.Interface(name, vif, name == default)
             for name, vif in sorted(named.items(), key=lambda item: item[0] != cni_ifname)]
+
+
+def _records_ifname(sandbox, ifname):
+    """Whether any attachment of ``sandbox`` records an interface named ``ifname``."""
+    return any(interface.ifname == ifname for attachment in sandbox.attachments.values()
+               for interface in attachment.interfaces)
 
 
 def _plug_of(cid, sandbox_netns, interface):

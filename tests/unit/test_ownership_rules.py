@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni import ownership as ownership_mod
 from kuryr_cni import podlock
@@ -539,3 +540,49 @@ def test_the_first_of_two_adds_of_one_sandbox_to_end_leaves_the_other_in_flight(
     assert retry.result(timeout=30) == 'ok'
     assert 'A' not in world.registry.bindings.adds_since(0)
     assert world.owner() == 'A'
+
+
+# -- a plug that fails, and whose rollback fails too ------------------------------------
+
+def test_a_failed_plug_whose_rollback_fails_keeps_its_record_for_the_owners_del(
+        world, monkeypatch):
+    """The plug fails after making A's devices and removing them fails too (the kernel
+    refuses once): the 'plugging' record stays, so the runtime's DEL A removes them."""
+    world.kernel.fail_connect = errors.BindingFailed('the kernel refused the veth')
+    disconnect = world.kernel.disconnect
+    refusals = [errors.BindingFailed('the kernel refused to remove it')]
+
+    def refusing_once(kind, plug):
+        if refusals and (plug.container_id, plug.ifname) in world.kernel.host:
+            raise refusals.pop()
+        disconnect(kind, plug)
+    monkeypatch.setattr(world.kernel, 'disconnect', refusing_once)
+
+    assert world.request('ADD', 'A') == 101
+    assert world.effects() == MAKE_A                # made, and still there
+    attachment = world.ownership.store.load(POD).sandboxes['A'].attachments[
+        ('kuryr', 'eth0')]
+    assert attachment.state == 'plugging'
+    assert world.request('DEL', 'A') == 'ok'
+    assert world.effects() == HOST_A
+    assert world.owner() is None and world.ownership.store.load(POD) is None
+
+
+def test_a_failed_plug_whose_rollback_worked_leaves_no_attachment(world):
+    world.kernel.fail_connect = errors.BindingFailed('the kernel refused the veth')
+    assert world.request('ADD', 'A') == 101
+    assert world.effects() == MAKE_A + HOST_A
+    binding = world.ownership.store.load(POD)
+    assert binding is None or not binding.sandboxes['A'].attachments
+
+
+def test_the_owners_del_removes_its_tagged_devices_the_record_does_not_name(world):
+    """The owner's record lost the attachment (a file restored from a backup, a
+    hand edit): its DEL still removes the devices tagged for it, by their tag."""
+    assert world.request('ADD', 'A') == 'ok'
+    world.effects()
+    binding = world.ownership.store.load(POD)
+    binding.sandboxes['A'].attachments.clear()
+    world.ownership.store.save(binding)
+    assert world.request('DEL', 'A') == 'ok'
+    assert world.effects() == HOST_A
