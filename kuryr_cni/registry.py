@@ -207,6 +207,8 @@ class StatusFacts:
     watch_activity: float | None    # time.monotonic() of the last list, event or bookmark
     saturated: frozenset = frozenset()   # (role, worker_id) whose connections are at the cap
     api_limits: tuple = ()          # why the API server's answers are being refused, in words
+    queued_dels_failing: int = 0    # queued DELs whose replay failed, waiting to be retried
+    queued_dels_failing_since: float | None = None   # time.monotonic() of the oldest's failure
 
     def of_role(self, role):
         """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
@@ -234,6 +236,7 @@ class StatusTable:
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
         self._api_limits = {}       # watched objects (in words) -> the limit exceeded, in words
+        self._queued_dels = (0, None, [])   # failing count, oldest failure, listed entries
 
     def server_pid(self):
         """The pid of the Manager process (this method runs in it)."""
@@ -311,6 +314,19 @@ class StatusTable:
             requested, self._resync_requested = self._resync_requested, False
             return requested
 
+    # Queued DELs whose replay fails (kuryr_cni.daemon.recovery.Retries) ---------------
+
+    def note_queued_dels(self, failing, since, listed):
+        """``failing`` entries fail, the oldest since ``since``; ``listed``: the first
+        of them, as dicts, for ``kuryr-cni-ctl queued-dels``."""
+        with self._lock:
+            self._queued_dels = (failing, since, list(listed))
+
+    def queued_dels(self):
+        """``{'failing': count, 'entries': [...]}`` as last noted."""
+        with self._lock:
+            return {'failing': self._queued_dels[0], 'entries': list(self._queued_dels[2])}
+
     # Everything at once, for the health judgement ----------------------------------
 
     def facts(self):
@@ -321,7 +337,9 @@ class StatusTable:
                                synced=self._synced, shutting_down=self._shutting_down,
                                watch_activity=self._watch_activity,
                                saturated=frozenset(self._saturated),
-                               api_limits=tuple(sorted(self._api_limits.values())))
+                               api_limits=tuple(sorted(self._api_limits.values())),
+                               queued_dels_failing=self._queued_dels[0],
+                               queued_dels_failing_since=self._queued_dels[1])
 
 
 class BindingTable(_Table):

@@ -35,8 +35,10 @@ from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
 from kuryr_cni import vif as vif_model
 from kuryr_cni.daemon import api
+from kuryr_cni.daemon import housekeeping
 from kuryr_cni.daemon import recovery
 from tests import wait
+from tests.unit import recording_kernel
 
 NETWORK = 'kuryr'
 NAMESPACE, NAME = 'default', 'web-0'
@@ -586,3 +588,99 @@ def test_the_owners_del_removes_its_tagged_devices_the_record_does_not_name(worl
     world.ownership.store.save(binding)
     assert world.request('DEL', 'A') == 'ok'
     assert world.effects() == HOST_A
+
+
+# -- a queued DEL is never lost -------------------------------------------------------
+
+def queue_del(world, cid):
+    """What the shim does with DEL ``cid`` while the daemon is down: a queue entry."""
+    body = {'CNI_COMMAND': 'DEL', 'CNI_CONTAINERID': cid, 'CNI_NETNS': world.netns(cid),
+            'CNI_IFNAME': 'eth0', 'CNI_PATH': '/opt/cni/bin',
+            'CNI_ARGS': 'K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s'
+                        % (NAMESPACE, NAME, UID1),
+            'config': {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}}
+    queue = state.DelQueue(world.state_dir)
+    state.write_atomically(queue.directory, '%d-1.json' % time.time_ns(),
+                           json.dumps(body).encode())
+    return queue
+
+
+def test_a_queued_del_refused_once_by_the_kernel_is_kept_and_applied_by_the_retry(world):
+    """Issue 31's probe: the kernel refuses the replayed DEL's unplug once (code 101)."""
+    assert world.request('ADD', 'A') == 'ok'
+    world.effects()
+    queue = queue_del(world, 'A')
+    disconnect = world.kernel.disconnect
+    refusals = [errors.BindingFailed('the kernel refused to remove the veth')]
+
+    def refusing_once(kind, plug):
+        if refusals:
+            raise refusals.pop()
+        disconnect(kind, plug)
+    world.kernel.disconnect = refusing_once
+
+    world.restart()                             # the first pass, before the socket opens
+    assert world.effects() == [] and world.owner() == 'A'
+    assert queue.names() != []                  # kept, not set aside
+    assert world.registry.status.queued_dels()['failing'] == 1
+    keeper = housekeeping.Housekeeper(world.ownership, queue,
+                                      retries=recovery.Retries(first=0))
+    keeper.tick()                               # the retry, after the socket opened
+    assert world.effects() == HOST_A
+    assert world.ownership.store.load(POD) is None
+    assert os.listdir(queue.directory) == []
+    assert world.registry.status.queued_dels()['failing'] == 0
+
+
+class FailingAt:
+    """The recording kernel, whose N-th call of any method (and the store's N-th write,
+    counted with them) fails as a kernel or OVSDB refusal or a full disk would."""
+
+    def __init__(self, kernel, store, n):
+        self._kernel, self.n, self.calls = kernel, n, 0
+        for name in ('save', 'remove'):
+            setattr(store, name, self._step(getattr(store, name), errors.StateFailure(
+                'state dir: cannot write', 'error 28 (No space left on device)')))
+
+    def _step(self, method, error):
+        def step(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.n:
+                raise error
+            return method(*args, **kwargs)
+        return step
+
+    def __getattr__(self, name):
+        return self._step(getattr(self._kernel, name),
+                          errors.BindingFailed('refused at step %d' % self.n))
+
+
+def test_a_queued_del_is_never_lost_whichever_step_of_its_replay_fails(tmp_path, kernel):
+    """For every N, a world whose N-th step of the replayed DEL fails: the entry stays,
+    and the next replay removes every device and record of the sandbox."""
+    for n in range(1, 100):
+        world = World(tmp_path / str(n), recording_kernel.RecordingKernel())
+        try:
+            world.publish()
+            assert world.request('ADD', 'A') == 'ok'
+            world.restart()                     # the daemon went down; the shim queues
+            queue = queue_del(world, 'A')
+            world.kernel.take_effects()
+            failing = FailingAt(world.kernel, world.ownership.store, n)
+            world.ownership.kernel = failing
+            replayed = recovery.replay_queue(world.ownership, queue)
+            world.ownership.kernel = world.kernel
+            retried = recovery.replay_queue(world.ownership, queue,
+                                            retries=recovery.Retries(first=0))
+            assert (n, replayed + retried) == (n, 1)
+            assert (n, os.listdir(queue.directory)) == (n, [])
+            assert world.kernel.host == {} and set(world.kernel.namespaces[
+                world.netns('A')]) == {'lo'}, n
+            assert world.ownership.store.load(POD) is None, n
+            if failing.calls < n:               # every step has had its fault
+                assert n > 3
+                break
+        finally:
+            world.close()
+    else:
+        raise AssertionError('the DEL never got past its faults')
