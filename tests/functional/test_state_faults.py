@@ -332,3 +332,47 @@ def test_issue20_a_del_planted_by_someone_else_is_set_aside_not_replayed(daemon,
     assert 'it belongs to uid 65534, not to root' in log and 'it is a symbolic link' in log
     assert runtime.delete(pod).ok                   # the runtime's own DEL still works
     assert set(node.links(pod.netns)) == {'lo'}
+
+
+# Issue 31, hole 2: a queued DEL whose replay fails is kept and retried, never dropped ---
+
+def test_issue31_a_queued_del_that_fails_is_kept_shown_and_applied_once_it_can_be(
+        daemon, runtime):
+    """The daemon was downgraded while a DEL was queued: the pod's binding is of a newer
+    format, so the replay fails (code 5). The entry stays, shown by the metric, /ready
+    and kuryr-cni-ctl; once the binding is readable again (the upgrade back), a retry
+    applies the DEL and nothing of the sandbox is left."""
+    node = daemon
+    pod = crash.make_pod(node, 9)
+    assert runtime.add(pod).ok
+    assert node.stop_daemon() == 0
+    path = the_binding_file(node)
+    with open(path) as f:
+        record = json.load(f)
+    with open(path, 'w') as f:
+        json.dump(dict(record, format=99), f)
+    assert runtime.delete(pod).ok               # the shim queues it and reports success
+    (entry,) = crash.queue_entries(node)
+
+    node.start_daemon()
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_queued_del_failures_total') >= 2, 15,
+               'the queued DEL to fail at start and in a retry')
+    assert crash.queue_entries(node) == [entry]     # kept, not set aside
+    status, ready = crash.health(node, 'ready')
+    assert (status, ready['queued_dels_failing']) == (200, 1), ready
+    assert 'queued DELs failing' in ready['warnings'][0]
+    status, listed = crash.daemon_get(node, '/v1/queued-dels')     # kuryr-cni-ctl's view
+    (shown,) = listed['entries']
+    assert (shown['entry'], shown['pod'], shown['container_id']) == (
+        entry, 'default/pod-9', pod.container_id)
+    assert 'newer kuryr-cni' in shown['error'] and '(code 5)' in shown['error']
+    assert owner_tag.host_ifname(pod.container_id, 'eth0') in node.links()
+
+    with open(path, 'w') as f:                  # the upgrade back
+        json.dump(record, f)
+    wait.until(lambda: crash.queue_entries(node) == [], 90, 'the retry to apply the DEL')
+    assert helpers.leftovers(node) == helpers.NOTHING
+    assert set(node.links(pod.netns)) == {'lo'}
+    assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
+    wait.until(lambda: crash.health(node, 'ready')[1]['queued_dels_failing'] == 0, 15,
+               'the failing count to clear')
