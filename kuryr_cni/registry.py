@@ -363,7 +363,7 @@ class BindingTable(_Table):
         super().__init__()
         self._pods = pods           # the PodTable; None: a table on its own (unit tests)
         self._by_container = {}
-        self._by_address = {}       # MAC or IP -> {pod key}
+        self._by_address = {}       # MAC, IP or 'port <id>' -> {network or None: {pod key}}
         # An ADD in flight is known by its token, not its container ID: a runtime
         # may retry an ADD of a sandbox while the first still runs, and the first
         # to end must not end the other's mark or reservation.
@@ -394,8 +394,8 @@ class BindingTable(_Table):
         self._rows[key] = value
         for container_id, _count in value.sandboxes:
             self._by_container[container_id] = key
-        for address in value.addresses:
-            self._by_address.setdefault(address, set()).add(key)
+        for network, address in map(_scoped, value.addresses):
+            self._by_address.setdefault(address, {}).setdefault(network, set()).add(key)
 
     # ADDs in flight ----------------------------------------------------------------
 
@@ -464,32 +464,39 @@ class BindingTable(_Table):
             return {cid for cid, started in self._adds.values() if started > cutoff}
 
     def reserve_addresses(self, container_id, pod, addresses, until, token=None):
-        """Reserve ``addresses`` (MACs, IPs) for the ADD of ``container_id`` to pod ``pod``
-        until ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
+        """Reserve ``addresses`` for the ADD of ``container_id`` to pod ``pod`` until
+        ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
 
-        Another pod holds an address when its binding records an interface
-        with it, or its ADD in flight reserved it. Returns ``{address: that
-        pod}``, empty when the reservation was made. One call, so of two ADDs
-        racing for one address only one can win. The reservation ends with
-        :meth:`add_finished` or at ``until`` (a worker that died).
+        ``addresses`` are :func:`kuryr_cni.records.vif_addresses`' ``(network,
+        address)``, or bare addresses (on every network). Another pod holds one
+        when its binding records an interface with it, or its ADD in flight
+        reserved it, on the same network, or on either side one not known
+        (None: the fence stays node-wide where a VIF names no network).
+        Returns ``{address: that pod}``, empty when the reservation was made.
+        One call, so of two ADDs racing for one address only one can win. The
+        reservation ends with :meth:`add_finished` or at ``until`` (a worker
+        that died).
         """
         with self._lock:
             return self._reserve(token or container_id, pod, addresses, until)
 
     def _reserve(self, token, pod, addresses, until):
-        addresses = frozenset(addresses)
+        addresses = frozenset(map(_scoped, addresses))
         now = time.monotonic()
         for expired in [t for t, (_, _, limit) in self._reserved.items() if limit <= now]:
             del self._reserved[expired]
         taken = {}
-        for address in sorted(addresses):
-            holders = self._by_address.get(address, set()) - {pod}
+        for network, address in sorted(addresses, key=lambda item: item[1]):
+            holders = set().union(*(pods for held_on, pods
+                                    in self._by_address.get(address, {}).items()
+                                    if _overlap(network, held_on))) - {pod}
             if holders:
                 taken[address] = min(holders)
         for other, reserved, _ in self._reserved.values():
             if other != pod:
-                for address in reserved & addresses:
-                    taken.setdefault(address, other)
+                for network, address in addresses:
+                    if any(a == address and _overlap(network, n) for n, a in reserved):
+                        taken.setdefault(address, other)
         if not taken:
             self._reserved[token] = (pod, addresses, until)
         return taken
@@ -507,12 +514,26 @@ class BindingTable(_Table):
         for container_id, _count in (old.sandboxes if old else ()):
             if self._by_container.get(container_id) == key:
                 del self._by_container[container_id]
-        for address in (old.addresses if old else ()):
-            holders = self._by_address.get(address)
+        for network, address in map(_scoped, old.addresses if old else ()):
+            networks = self._by_address.get(address, {})
+            holders = networks.get(network)
             if holders is not None:
                 holders.discard(key)
                 if not holders:
+                    del networks[network]
+                if not networks:
                     del self._by_address[address]
+
+
+def _scoped(address):
+    """``(network, address)``; a bare address is on every network (None)."""
+    return address if isinstance(address, tuple) else (None, address)
+
+
+def _overlap(network, other):
+    """Whether addresses on ``network`` and ``other`` may collide: the same network,
+    or either unknown."""
+    return network is None or other is None or network == other
 
 
 class StaleDelLog:

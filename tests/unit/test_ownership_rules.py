@@ -684,3 +684,59 @@ def test_a_queued_del_is_never_lost_whichever_step_of_its_replay_fails(tmp_path,
             world.close()
     else:
         raise AssertionError('the DEL never got past its faults')
+
+
+# -- the address fence: by network, and one port per pod --------------------------------
+
+def add_other_pod(world, name, **vif):
+    """ADD of pod ``default/<name>``, whose eth0 is world's VIF with ``vif`` changed."""
+    body = dict(bridge_vif(), **vif)
+    world.registry.put_pod('default/' + name, {'uid': 'uid-' + name, 'vifs': {'eth0': body},
+                                               'error': None, 'deleting': False})
+    request = {'CNI_COMMAND': 'ADD', 'CNI_CONTAINERID': name, 'CNI_NETNS': world.netns(name),
+               'CNI_IFNAME': 'eth0', 'CNI_PATH': '/opt/cni/bin',
+               'CNI_ARGS': 'K8S_POD_NAMESPACE=default;K8S_POD_NAME=%s;K8S_POD_UID=uid-%s'
+                           % (name, name),
+               'config': {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}}
+    status, payload = world.app.handle(PATHS['ADD'], json.dumps(request).encode())
+    return 'ok' if status == 200 else (json.loads(payload)['code'], json.loads(payload)['msg'])
+
+
+def publish_on(world, network_id):
+    world.pod_record = {'uid': UID1, 'vifs': {'eth0': dict(bridge_vif(),
+                                                           network_id=network_id)},
+                        'error': None, 'deleting': False}
+    world.registry.put_pod(POD, world.pod_record)
+
+
+OTHER_PORT = {'port_id': 'port-6', 'mac': 'fa:16:3e:00:00:06'}
+
+
+def test_pods_on_two_networks_may_hold_the_same_addresses(world):
+    """Two tenants' networks with overlapping subnets (and Neutron's MACs are unique per
+    network only): the fence is per network where the VIFs name theirs."""
+    publish_on(world, 'net-1')
+    assert world.request('ADD', 'A') == 'ok'
+    assert add_other_pod(world, 'other', network_id='net-2', port_id='port-6') == 'ok'
+
+
+@pytest.mark.parametrize('network', ['net-1', None], ids=['same network', 'network unknown'])
+def test_an_address_held_on_the_same_or_an_unknown_network_is_refused(world, network):
+    publish_on(world, 'net-1')
+    assert world.request('ADD', 'A') == 'ok'
+    vif = dict(OTHER_PORT, mac='fa:16:3e:00:00:05')
+    if network:
+        vif['network_id'] = network
+    code, msg = add_other_pod(world, 'other', **vif)
+    assert (code, msg) == (7, '10.0.0.5, fa:16:3e:00:00:05 bound to another pod of this node')
+
+
+def test_two_pods_never_share_a_port(world):
+    """One Neutron port is one OVS iface-id: a second pod naming it is refused, whatever
+    its addresses."""
+    assert world.request('ADD', 'A') == 'ok'
+    world.effects()
+    code, msg = add_other_pod(world, 'other', mac='fa:16:3e:00:00:06', ips=['10.0.0.6/24'])
+    assert (code, msg) == (7, 'port port-5 bound to another pod of this node')
+    assert world.effects() == []
+    assert world.ownership.store.load('default/other') is None
