@@ -376,3 +376,55 @@ def test_issue31_a_queued_del_that_fails_is_kept_shown_and_applied_once_it_can_b
     assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
     wait.until(lambda: crash.health(node, 'ready')[1]['queued_dels_failing'] == 0, 15,
                'the failing count to clear')
+
+
+def _ovsdb_read_only(switch, read_only):
+    """ovsdb-server as a backup during a failover (every write answered "not allowed"),
+    or active again."""
+    commands = (['ovsdb-server/set-active-ovsdb-server', 'unix:' + os.path.join(
+        switch.dir, 'no-active.sock')], ['ovsdb-server/connect-active-ovsdb-server']) \
+        if read_only else (['ovsdb-server/disconnect-active-ovsdb-server'],)
+    for command in commands:
+        subprocess.run(['ovs-appctl', '-t', os.path.join(switch.dir, 'ovsdb-server.ctl'),
+                        *command], env=switch.env, check=True, capture_output=True,
+                       timeout=20)
+
+
+def test_issue31_a_queued_del_refused_by_a_read_only_ovsdb_is_retried_until_it_applies(
+        node, br_int, runtime):
+    """Issue 31's probe: a DEL queued while the daemon was down, replayed while
+    ovsdb-server answers "not allowed" (a read-only backup). On 2c4a2fa the entry was
+    set aside and the pod's Interface row stayed on br-int for good."""
+    switch = br_int
+    extra = ('\n[cni_daemon]\nvif_source = annotation\n[binding]\novsdb_connection = %s\n'
+             % switch.connection)
+    node.start_daemon(workers=2, extra=extra)
+    vifs = node.vifs(5, kind='ovs', bridge='br-int', port_id='5d0b-port-5',
+                     ips=['10.20.0.5/24'], gateway='10.20.0.1')
+    node.api.create_pod('default', 'web-0', testhost.NODE, uid='uid-web-0',
+                        annotations={'kuryr.openstack.org/vifs': json.dumps(vifs)})
+    sandbox = testruntime.Sandbox('sandbox-a', node.pod_netns(), 'web-0', pod_uid='uid-web-0')
+    try:
+        assert runtime.add(sandbox).ok
+        [port] = switch.ports('br-int')
+        assert node.stop_daemon() == 0
+        assert runtime.delete(sandbox).ok       # queued: the daemon is down
+        (entry,) = crash.queue_entries(node)
+        _ovsdb_read_only(switch, True)
+        try:
+            node.start_daemon(workers=2, extra=extra)
+            wait.until(lambda: helpers.metric(
+                node, 'kuryr_cni_queued_del_failures_total') >= 3, 30,
+                'the queued DEL to fail at start and in two retries')
+            assert crash.queue_entries(node) == [entry]
+            assert switch.ports('br-int') == {port}
+            status, listed = crash.daemon_get(node, '/v1/queued-dels')
+            assert 'not allowed' in listed['entries'][0]['error'], listed
+        finally:
+            _ovsdb_read_only(switch, False)     # the failover is over
+        wait.until(lambda: crash.queue_entries(node) == [], 90, 'the retry to apply the DEL')
+        assert switch.ports('br-int') == set()
+        assert helpers.leftovers(node) == helpers.NOTHING
+        assert set(node.links(sandbox.netns)) == {'lo'}
+    finally:
+        node.stop_daemon()
