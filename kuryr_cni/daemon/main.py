@@ -16,6 +16,7 @@ Manager dies, the parent stops gracefully too and exits non-zero
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import gc
 import multiprocessing
@@ -115,26 +116,30 @@ def _lock_dir(directory, what):
     An ``fcntl.flock`` on ``daemon.lock`` in it, taken before anything there
     is read or changed, and never released: the kernel drops it when the last
     process holding it (the parent, the Manager and the children inherit it)
-    has exited. Returns the descriptor. Opened for writing: NFSv4 emulates
-    ``flock`` with a POSIX lock, and refuses an exclusive one on a descriptor
-    open read-only (EBADF). Any error here is a refusal to start (one line,
-    exit status 2), never a traceback a supervisor would loop on.
+    has exited. Returns the descriptor. Any error here is a refusal to start
+    (one line, exit status 2), never a traceback a supervisor would loop on.
     """
     path = os.path.join(directory, STATE_LOCK)
-    fd = None
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise listener.UnsafeSetup('another daemon uses the %s %s (it holds %s)'
-                                   % (what, directory, path)) from None
-    except OSError as exc:
-        if fd is not None:
-            os.close(fd)
-        raise listener.UnsafeSetup('cannot lock the %s: %s: %s'
-                                   % (what, path, exc.strerror or exc)) from None
-    return fd
+    # Read-only first: a descriptor open for writing keeps the disk from being
+    # remounted read-only under a running daemon. NFSv4 emulates flock with a
+    # POSIX lock and refuses an exclusive one on a read-only descriptor
+    # (EBADF): there, open for writing.
+    for access in (os.O_RDONLY, os.O_RDWR):
+        fd = None
+        try:
+            fd = os.open(path, access | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if fd is not None:
+                os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                raise listener.UnsafeSetup('another daemon uses the %s %s (it holds %s)'
+                                           % (what, directory, path)) from None
+            if exc.errno == errno.EBADF and access == os.O_RDONLY:
+                continue
+            raise listener.UnsafeSetup('cannot lock the %s: %s: %s'
+                                       % (what, path, exc.strerror or exc)) from None
 
 
 def _address(sock):

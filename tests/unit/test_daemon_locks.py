@@ -71,3 +71,18 @@ def test_any_error_taking_a_lock_is_one_line_and_exit_2(monkeypatch, conf_file, 
                 % (tmp_path, os.strerror(error)))
     assert refusals(output)[0].endswith(expected), output
     assert not os.path.exists(tmp_path / 'run' / 'metrics')
+
+
+@pytest.mark.parametrize('nfs4, access', [(False, os.O_RDONLY), (True, os.O_RDWR)],
+                         ids=['local', 'nfs4'])
+def test_the_lock_is_read_only_where_the_file_system_allows(
+        monkeypatch, tmp_path, nfs4, access):
+    """Read-only keeps a local disk remountable read-only under the daemon (the state
+    fault tests do it); NFSv4 needs a descriptor open for writing."""
+    if nfs4:
+        monkeypatch.setattr(main.fcntl, 'flock', nfs4_flock())
+    fd = main._lock_dir(str(tmp_path), 'state dir')
+    try:
+        assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == access
+    finally:
+        os.close(fd)
