@@ -151,6 +151,14 @@ json.dump({
 sys.stdout.write('\n')
 EOF
     kuryr_cni_install_atomic "$tmp" "$conflist" 0644
+
+    # The shim honours a socket or state dir other than its defaults only
+    # where the root-owned allow file beside it lists them (doc/source/cni.rst).
+    python3 -c 'import json, sys; json.dump({"daemon_socket": [sys.argv[1]],
+        "state_dir": [sys.argv[2]]}, sys.stdout)' "$KURYR_CNI_SOCKET" \
+        "$KURYR_CNI_STATE_DIR" > "$tmp" || die $LINENO "Cannot render the shim's allow file"
+    sudo install -d -m 0755 "$KURYR_CNI_PLUGIN_DIR"
+    kuryr_cni_install_atomic "$tmp" "$KURYR_CNI_PLUGIN_DIR/kuryr-cni-paths.json" 0644
     rm -f "$tmp"
 
     check_kuryr_cni_conflist_first
@@ -305,7 +313,7 @@ function kuryr_cni_remove_dir {
 
 # clean
 function cleanup_kuryr_cni {
-    sudo rm -f -- "$KURYR_CNI_PLUGIN_DIR/kuryr-cni" \
+    sudo rm -f -- "$KURYR_CNI_PLUGIN_DIR/kuryr-cni" "$KURYR_CNI_PLUGIN_DIR/kuryr-cni-paths.json" \
         "$KURYR_CNI_NETWORK_DIR/$KURYR_CNI_CONFLIST_NAME"
     sudo rm -f -- "$KURYR_CNI_CONF"
     # Only if empty: an operator may keep other files (a kubeconfig) there.

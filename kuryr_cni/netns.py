@@ -292,12 +292,13 @@ def link_name(index, path=None):
     return _call_in(path, name)
 
 
-def listening_addresses(port, path=None):
+def listening_addresses(port, path=None, uid=None):
     """Local addresses of the TCP sockets listening on ``port`` in namespace ``path``.
 
-    ``path`` is a namespace path or None (the daemon's own). Read from the
-    namespace's ``/proc/net/tcp`` and ``tcp6`` (each socket once: one listening
-    on ``::`` is one address, ``::``), as ``netstat`` reads them.
+    ``path`` is a namespace path or None (the daemon's own); ``uid``: only
+    sockets of that user. Read from the namespace's ``/proc/net/tcp`` and
+    ``tcp6`` (each socket once: one listening on ``::`` is one address,
+    ``::``), as ``netstat`` reads them.
     """
     def read():
         found = []
@@ -309,9 +310,10 @@ def listening_addresses(port, path=None):
                 continue
             for row in rows:
                 fields = row.split()
-                local, state = fields[1], fields[3]
+                local, state, owner = fields[1], fields[3], int(fields[7])
                 address, _, hex_port = local.partition(':')
-                if state == _TCP_LISTEN and int(hex_port, 16) == port and len(address) == width:
+                if state == _TCP_LISTEN and int(hex_port, 16) == port and \
+                        len(address) == width and uid in (None, owner):
                     found.append(_proc_net_address(address))
         return found
     return _call_in(path, read)

@@ -17,10 +17,21 @@ On disk (``state_dir/bindings``) a binding is one JSON object::
                                         "interfaces": [{"ifname", "vif", "default_route"}],
                                         "result": {...}}}}}}
 
-Format 0 is the same without ``"format"`` (kuryr-cni 0.1.0). A file read back
-is validated whole by :meth:`Binding.from_dict`, which raises
-:class:`RecordError` on anything that is not this shape, and
-:class:`FutureFormat` for a format newer than :data:`FORMAT`. No I/O here.
+Formats: 0, kuryr-cni 0.1.0, the same without ``"format"``; 1, with it; 2,
+a VIF may carry ``integration_bridge`` (``ovs-hybrid``). Every change of
+this shape bumps :data:`FORMAT` (tests/unit/test_records.py pins each
+format's keys): a release reading a record it does not fully understand
+must know it, never drop or misread what it does not know. A record is
+written in the oldest format that holds it (1 unless a VIF has an
+integration bridge), so the releases before a format was added still read
+the records that do not need it.
+
+A file read back is validated whole by :meth:`Binding.from_dict`, which
+raises :class:`RecordError` on anything that is not this shape, and
+:class:`FutureFormat` for a format newer than :data:`FORMAT`, or for a key
+this release does not know at any level (a newer release wrote it, even one
+that forgot to bump the format): such a record is left untouched and refused
+(code 5), never set aside as damaged. No I/O here.
 """
 
 import dataclasses
@@ -29,7 +40,7 @@ import re
 from kuryr_cni import errors
 from kuryr_cni import vif as vif_model
 
-FORMAT = 1                  # the format this release writes; it reads 0 and 1
+FORMAT = 2                  # the format this release writes; it reads 0 to 2
 PLUGGING, READY = 'plugging', 'ready'
 
 _CONTAINER_ID = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z')
@@ -46,6 +57,14 @@ class FutureFormat(RecordError):
     """A record written by a newer release, in a format this one does not know."""
 
 
+# The keys of each level of a record this release knows (format 2).
+BINDING_KEYS = frozenset({'format', 'pod', 'owner', 'uid', 'sandboxes'})
+SANDBOX_KEYS = frozenset({'netns', 'uid', 'attachments'})
+ATTACHMENT_KEYS = frozenset({'state', 'interfaces', 'added_at', 'result'})
+INTERFACE_KEYS = frozenset({'ifname', 'vif', 'default_route'})
+VIF_KEYS = frozenset(field.name for field in dataclasses.fields(vif_model.VIF))
+
+
 @dataclasses.dataclass
 class Interface:
     """One interface plugged into the pod, as its attachment recorded it."""
@@ -60,7 +79,7 @@ class Interface:
 
     @classmethod
     def from_dict(cls, data):
-        _expect(data, dict, 'interface')
+        _known(_expect(data, dict, 'interface'), INTERFACE_KEYS, 'interface')
         return cls(ifname=_ifname(data.get('ifname')), vif=_vif(data.get('vif')),
                    default_route=_expect(data.get('default_route'), bool, 'default_route'))
 
@@ -92,7 +111,8 @@ class Attachment:
         network, sep, ifname = _expect(key, str, 'attachment key').partition('/')
         if not sep or not _NETWORK.match(network):
             raise RecordError('attachment key %r is not "<network>/<ifname>"' % key[:200])
-        _expect(data, dict, 'attachment %s' % key)
+        _known(_expect(data, dict, 'attachment %s' % key), ATTACHMENT_KEYS,
+               'attachment %s' % key)
         state = data.get('state')
         if state not in (PLUGGING, READY):
             raise RecordError('attachment %s has state %r' % (key, state))
@@ -124,7 +144,8 @@ class Sandbox:
 
     @classmethod
     def from_dict(cls, container_id, data):
-        _expect(data, dict, 'sandbox %s' % container_id)
+        _known(_expect(data, dict, 'sandbox %s' % container_id), SANDBOX_KEYS,
+               'sandbox %s' % container_id)
         attachments = {}
         for key, item in _expect(data.get('attachments'), dict, 'attachments').items():
             attachment = Attachment.from_dict(key, item)
@@ -161,8 +182,16 @@ class Binding:
                          for address in vif_addresses(interface.vif))
 
     def to_dict(self):
-        return {'format': FORMAT, 'pod': self.pod, 'owner': self.owner, 'uid': self.uid,
+        return {'format': self.format(), 'pod': self.pod, 'owner': self.owner, 'uid': self.uid,
                 'sandboxes': {cid: sandbox.to_dict() for cid, sandbox in self.sandboxes.items()}}
+
+    def format(self):
+        """The oldest format that holds this binding."""
+        hybrid = any(interface.vif.integration_bridge is not None
+                     for sandbox in self.sandboxes.values()
+                     for attachment in sandbox.attachments.values()
+                     for interface in attachment.interfaces)
+        return 2 if hybrid else 1
 
     @classmethod
     def from_dict(cls, data):
@@ -174,6 +203,7 @@ class Binding:
         if version > FORMAT:
             raise FutureFormat('format %d is newer than this release reads (%d)'
                                % (version, FORMAT))
+        _known(data, BINDING_KEYS, 'binding')
         sandboxes = {cid: Sandbox.from_dict(cid, item) for cid, item
                      in _expect(data.get('sandboxes'), dict, 'sandboxes').items()}
         owner = data.get('owner')
@@ -223,6 +253,14 @@ def _expect(value, kind, what):
     return value
 
 
+def _known(data, keys, what):
+    """Raise FutureFormat when ``data`` holds a key not in ``keys``: a newer release's."""
+    unknown = sorted(key for key in data if key not in keys)
+    if unknown:
+        raise FutureFormat('%s has %s unknown to this release, so a newer release wrote it'
+                           % (what, ', '.join(repr(key)[:100] for key in unknown[:5])))
+
+
 def _optional_str(value, what):
     return None if value is None else _expect(value, str, what)
 
@@ -240,6 +278,8 @@ def _ifname(value):
 
 
 def _vif(data):
+    if isinstance(data, dict):
+        _known(data, VIF_KEYS, 'VIF')
     try:
         return vif_model.from_record(data)
     except errors.InvalidVIF as exc:

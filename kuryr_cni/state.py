@@ -287,7 +287,11 @@ class BindingStore:
 
         Run at start-up, before any request: its lock files (``*_*.lock``),
         which no process holds then, are removed. A legacy file whose content
-        names another pod than its name is set aside. Returns the count moved.
+        names another pod than its name is set aside. A legacy file beside
+        the pod's digest-named one is the newer of the two: no release since
+        0.1.0 writes legacy names, so a 0.1.0 daemon wrote it after this one
+        had migrated the pod (a downgrade and back); the digest-named file is
+        set aside for it. Returns the count moved.
         """
         moved = 0
         with disk_errors(self.directory, 'list the bindings'):
@@ -308,9 +312,9 @@ class BindingStore:
                 self._set_aside(name, 'it holds the record of pod %s' % binding.pod)
                 continue
             if os.path.exists(self.path(binding.pod)):
-                self._set_aside(name, 'pod %s also has a binding under its new name'
-                                % binding.pod)
-                continue
+                self._set_aside(os.path.basename(self.path(binding.pod)),
+                                'kuryr-cni 0.1.0 (a downgrade) wrote a newer binding of pod %s, '
+                                'as %s' % (binding.pod, name))
             self.save(binding)
             with disk_errors(self.directory, 'remove %s' % name):
                 os.unlink(os.path.join(self.directory, name))

@@ -5,7 +5,8 @@
 // the kuryr-cni daemon as HTTP/1.1 over the daemon's unix socket, with the
 // network config passed through as the runtime wrote it. A DEL the daemon
 // did not answer is queued durably under the state dir and reported as a
-// success: the daemon replays the queue.
+// success: the daemon replays the queue. The config's paths are honoured only
+// where the node allows them (allow.go), and its timeout is bounded.
 //
 // main only hands over to dispatch, which takes the environment, stdin and
 // stdout as parameters. Steps return ordinary errors or a *cniError; dispatch
@@ -50,10 +51,15 @@ var envKeys = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAM
 
 // Defaults of the plugin entry's keys (DESIGN §4.1).
 const (
+	defaultTimeout = 110            // seconds: under kubelet's 120
+	maxTimeout     = defaultTimeout // the runtime gives up at 120 s anyway
+)
+
+// The default paths: variables only so that the package's tests can run
+// without the node's own.
+var (
 	defaultSocket   = "/run/kuryr-cni/daemon.sock"
-	defaultTimeout  = 110 // seconds: under kubelet's 120
 	defaultStateDir = "/var/lib/kuryr-cni"
-	maxTimeout      = 3600
 )
 
 // Bounds on everything read or sent.
@@ -105,7 +111,7 @@ func main() {
 		fmt.Println(version)
 		return
 	}
-	os.Exit(dispatch(os.Getenv, os.Stdin, os.Stdout))
+	os.Exit(dispatch(os.Getenv, os.Stdin, os.Stdout, allowFilePath()))
 }
 
 // dispatch runs one CNI operation and returns the exit status: the error
@@ -113,7 +119,9 @@ func main() {
 // is printed unchanged, any other error is printed as CNI error JSON in the
 // request's cniVersion when it is one we speak, and a panic becomes code 999
 // rather than a stack trace. Stdin is forwarded without being re-encoded.
-func dispatch(getenv func(string) string, stdin io.Reader, stdout io.Writer) (status int) {
+// allowFile is the node's allow file (allow.go).
+func dispatch(getenv func(string) string, stdin io.Reader, stdout io.Writer,
+	allowFile string) (status int) {
 	cniVersion := supportedVersions[len(supportedVersions)-1]
 	defer func() {
 		if r := recover(); r != nil {
@@ -125,7 +133,7 @@ func dispatch(getenv func(string) string, stdin io.Reader, stdout io.Writer) (st
 	if requested, ok := requestedVersion(conf); ok {
 		cniVersion = requested
 	}
-	out, err := execute(getenv, raw, conf, confErr, cniVersion)
+	out, err := execute(getenv, raw, conf, confErr, cniVersion, &nodeAllowance{path: allowFile})
 	var refusal *daemonRefusal
 	switch {
 	case err == nil:
@@ -145,7 +153,7 @@ func dispatch(getenv func(string) string, stdin io.Reader, stdout io.Writer) (st
 // execute runs the command CNI_COMMAND names; the config's error counts only
 // when the command needs the config.
 func execute(getenv func(string) string, raw []byte, conf netConf, confErr error,
-	cniVersion string) ([]byte, error) {
+	cniVersion string, node *nodeAllowance) ([]byte, error) {
 	command := getenv("CNI_COMMAND")
 	if command == "VERSION" {
 		return answerVersion(cniVersion), nil
@@ -156,7 +164,7 @@ func execute(getenv func(string) string, raw []byte, conf netConf, confErr error
 	if confErr != nil {
 		return nil, confErr
 	}
-	s, err := loadSettings(conf)
+	s, err := loadSettings(conf, command == "DEL", node)
 	if err != nil {
 		return nil, err
 	}
@@ -243,8 +251,12 @@ func isSupported(cniVersion string) bool {
 }
 
 // loadSettings checks cniVersion and reads the keys the shim uses. A key
-// that is absent or null takes its default.
-func loadSettings(conf netConf) (settings, error) {
+// that is absent or null takes its default. A path the node does not allow,
+// or a timeout above maxTimeout, is refused (code 7), except for a DEL,
+// which takes the default instead: a DEL must not be lost, and the default
+// daemon (or the default state dir's queue, which that daemon replays) is
+// the only one this node vouches for.
+func loadSettings(conf netConf, isDel bool, node *nodeAllowance) (settings, error) {
 	if _, ok := requestedVersion(conf); !ok {
 		msg := "cniVersion is missing"
 		if raw, present := conf["cniVersion"]; present {
@@ -253,11 +265,11 @@ func loadSettings(conf netConf) (settings, error) {
 		return settings{}, &cniError{codeIncompatibleVersion, msg,
 			"supported: " + strings.Join(supportedVersions, ", ")}
 	}
-	timeout, err := loadTimeout(conf)
+	timeout, err := loadTimeout(conf, isDel)
 	if err != nil {
 		return settings{}, err
 	}
-	socket, err := loadPath(conf, "daemon_socket", defaultSocket)
+	socket, err := loadAllowedPath(conf, "daemon_socket", defaultSocket, isDel, node)
 	if err != nil {
 		return settings{}, err
 	}
@@ -265,7 +277,7 @@ func loadSettings(conf netConf) (settings, error) {
 		return settings{}, &cniError{codeInvalidConfig, `"daemon_socket" is too long for a unix socket`,
 			fmt.Sprintf("at most %d bytes", sunPathMax)}
 	}
-	stateDir, err := loadPath(conf, "state_dir", defaultStateDir)
+	stateDir, err := loadAllowedPath(conf, "state_dir", defaultStateDir, isDel, node)
 	if err != nil {
 		return settings{}, err
 	}
@@ -276,18 +288,41 @@ func isAbsent(raw json.RawMessage) bool {
 	return raw == nil || string(raw) == "null"
 }
 
-func loadTimeout(conf netConf) (time.Duration, error) {
+func loadTimeout(conf netConf, isDel bool) (time.Duration, error) {
 	raw := conf["timeout"]
 	if isAbsent(raw) {
 		return defaultTimeout * time.Second, nil
 	}
 	var seconds float64
-	if json.Unmarshal(raw, &seconds) != nil || seconds <= 0 || seconds > maxTimeout {
+	valid := json.Unmarshal(raw, &seconds) == nil && seconds > 0
+	if valid && seconds > maxTimeout && isDel {
+		return defaultTimeout * time.Second, nil
+	}
+	if !valid || seconds > maxTimeout {
 		return 0, &cniError{codeInvalidConfig,
 			fmt.Sprintf(`"timeout" must be a number of seconds, above 0 and at most %d`, maxTimeout),
 			fmt.Sprintf("got %.200s", raw)}
 	}
 	return time.Duration(seconds * float64(time.Second)), nil
+}
+
+// loadAllowedPath is loadPath, then the node's allowance of a non-default path.
+func loadAllowedPath(conf netConf, key, fallback string, isDel bool,
+	node *nodeAllowance) (string, error) {
+	path, err := loadPath(conf, key, fallback)
+	if err != nil || path == fallback {
+		return path, err
+	}
+	refusal := node.permits(key, path)
+	switch {
+	case refusal == nil:
+		return path, nil
+	case isDel:
+		return fallback, nil
+	default:
+		return "", &cniError{codeInvalidConfig,
+			fmt.Sprintf("%q %s is not allowed on this node", key, path), refusal.Error()}
+	}
 }
 
 // loadPath reads an absolute path. Go's JSON decoder turns an escaped lone

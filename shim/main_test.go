@@ -196,7 +196,7 @@ func run(env map[string]string, stdin string) (int, string) {
 func runReader(env map[string]string, stdin io.Reader) (int, string) {
 	var out bytes.Buffer
 	getenv := func(key string) string { return env[key] }
-	status := dispatch(getenv, stdin, &out)
+	status := dispatch(getenv, stdin, &out, testAllowFile)
 	return status, out.String()
 }
 
@@ -742,7 +742,7 @@ func TestInvalidPluginKeysAreCode7(t *testing.T) {
 		value interface{}
 	}{
 		{"timeout", "5"}, {"timeout", true}, {"timeout", 0}, {"timeout", -1},
-		{"timeout", 3600.5}, {"timeout", []int{5}}, {"timeout", json.RawMessage("1e400")},
+		{"timeout", 110.5}, {"timeout", 3600}, {"timeout", []int{5}}, {"timeout", json.RawMessage("1e400")},
 		{"daemon_socket", 5}, {"daemon_socket", ""}, {"daemon_socket", "relative.sock"},
 		{"daemon_socket", "/" + strings.Repeat("x", 107)}, {"daemon_socket", "/run/\x00x"},
 		{"daemon_socket", json.RawMessage(`"/run/\ud800.sock"`)},
@@ -760,7 +760,7 @@ func TestInvalidPluginKeysAreCode7(t *testing.T) {
 }
 
 func TestValidTimeouts(t *testing.T) {
-	for _, timeout := range []interface{}{3600, 0.25, json.RawMessage("null")} {
+	for _, timeout := range []interface{}{110, 0.25, json.RawMessage("null")} {
 		w := newWorld(t)
 		code, out := run(cniEnv("GC"), w.config("1.1.0", map[string]interface{}{"timeout": timeout}))
 		if code != 0 || out != "" {
@@ -777,7 +777,7 @@ func TestDefaultsWhenKeysAreAbsentOrNull(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := loadSettings(conf); err != nil || !reflect.DeepEqual(got, want) {
+		if got, err := loadSettings(conf, false, &nodeAllowance{}); err != nil || !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: %+v %v", config, got, err)
 		}
 	}
@@ -788,7 +788,7 @@ func TestDefaultsWhenKeysAreAbsentOrNull(t *testing.T) {
 func TestPanicBecomesCode999(t *testing.T) {
 	var out bytes.Buffer
 	getenv := func(string) string { panic("kaboom") }
-	code := dispatch(getenv, strings.NewReader(`{"cniVersion": "0.3.1"}`), &out)
+	code := dispatch(getenv, strings.NewReader(`{"cniVersion": "0.3.1"}`), &out, "")
 	if e := mustFail(t, code, out.String(), 999, "0.3.1"); e.Details != "kaboom" {
 		t.Errorf("%+v", e)
 	}

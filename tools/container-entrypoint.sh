@@ -21,6 +21,9 @@
 #   KURYR_CNI_CONFIG      daemon config [/etc/kuryr-cni/kuryr-cni.conf]
 #   KURYR_CNI_CONFLIST    CNI config to install; skipped when missing
 #                         [/etc/kuryr-cni/10-kuryr.conflist]
+#   KURYR_CNI_SHIM_PATHS  the shim's allow file of non-default socket and state
+#                         dir paths (doc/source/cni.rst), installed beside it;
+#                         skipped when missing [/etc/kuryr-cni/kuryr-cni-paths.json]
 #   KURYR_CNI_POD_CONFIG  where the per-node config is written
 #                         [${TMPDIR:-/tmp}/kuryr-cni-node.conf]
 #   NODE_NAME             this node's name (downward API: spec.nodeName)
@@ -34,6 +37,7 @@ CNI_CONF_DIR=${CNI_CONF_DIR:-/host/etc/cni/net.d}
 KURYR_CNI_SHIM=${KURYR_CNI_SHIM:-/opt/cni-bin-stage/kuryr-cni}
 KURYR_CNI_CONFIG=${KURYR_CNI_CONFIG:-/etc/kuryr-cni/kuryr-cni.conf}
 KURYR_CNI_CONFLIST=${KURYR_CNI_CONFLIST:-/etc/kuryr-cni/10-kuryr.conflist}
+KURYR_CNI_SHIM_PATHS=${KURYR_CNI_SHIM_PATHS:-/etc/kuryr-cni/kuryr-cni-paths.json}
 KURYR_CNI_POD_CONFIG=${KURYR_CNI_POD_CONFIG:-${TMPDIR:-/tmp}/kuryr-cni-node.conf}
 KURYR_CNI_DAEMON=${KURYR_CNI_DAEMON:-kuryr-cni-daemon}
 NODE_NAME=${NODE_NAME:-}
@@ -62,6 +66,10 @@ if [[ ! -d "${CNI_BIN_DIR}" ]]; then
 fi
 install_atomic "${KURYR_CNI_SHIM}" "${CNI_BIN_DIR}/kuryr-cni" 0755
 log "installed ${CNI_BIN_DIR}/kuryr-cni"
+if [[ -f "${KURYR_CNI_SHIM_PATHS}" ]]; then
+    install_atomic "${KURYR_CNI_SHIM_PATHS}" "${CNI_BIN_DIR}/kuryr-cni-paths.json" 0644
+    log "installed ${CNI_BIN_DIR}/kuryr-cni-paths.json"
+fi
 
 if [[ -f "${KURYR_CNI_CONFLIST}" ]]; then
     if [[ ! -d "${CNI_CONF_DIR}" ]]; then

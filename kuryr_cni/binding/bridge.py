@@ -44,6 +44,7 @@ from kuryr_cni import rtnl
 from kuryr_cni.binding import base
 from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
+from kuryr_cni.binding import policy
 
 LOG = logging.getLogger(__name__)
 
@@ -186,8 +187,13 @@ class BridgeDriver(base.Driver):
 
         The daemon creates no shared bridge (see security.rst): one nobody
         made is one nobody connected to a network. A bridge carrying an
-        owner tag is a hybrid-plugged port's private bridge, never shared.
+        owner tag, or named ``qbr…``, is a hybrid-plugged port's private
+        bridge, never shared (the policy refuses such a VIF first; this holds
+        for a caller that skipped it).
         """
+        if name.startswith(policy.HYBRID_BRIDGE_PREFIX):
+            raise errors.VIFNotAllowed('bridge %s is a hybrid-plugged port\'s private bridge'
+                                       % name, 'no bridge VIF may join it')
         with netns.kernel_errors('look up bridge %s' % name):
             link = podside.get_link(host, name)
         if link is None:

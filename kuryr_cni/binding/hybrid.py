@@ -21,9 +21,14 @@ owner tag (``IFLA_IFALIAS``) and the OVS row the owner key, so they are
 judged and removed as every host-side device is: by the DEL of their owner,
 by eviction, never by a stale DEL (DESIGN §3). The names are the port's,
 not the sandbox's, so a second sandbox of the pod can plug only once the
-first one's devices are evicted; devices of this port that carry no owner
-tag are what a plug of this port left before it could tag them (or what
-os-vif made for the port), and are replaced.
+first one's devices are evicted. A device of the port's names that carries
+no owner tag may be anyone's: another port's qbr left by kuryr-daemon, a
+Nova instance's (iptables_hybrid), or what a plug of this port left before it
+could tag it. It is replaced only when something proves it this port's
+(:func:`_proven_ours`): the qvo's OVS row naming this very VIF (``iface-id``
+and ``attached-mac``, as os-vif and this driver write them), or, for the
+qvb/qvo pair, sitting in a qbr tagged for this owner. Otherwise the plug is
+refused and nothing is touched: a VIF naming a port ID is no proof.
 
 The ``qbr`` bridge is created with the port and removed with it, whatever
 ``[binding] bridges`` says of other bridges; the integration bridge must
@@ -77,7 +82,7 @@ class HybridDriver(ovs.OvsDriver):
         base.check_mtu(vif, self._bridge_mtu(vif.integration_bridge),
                        'Open vSwitch bridge %s' % vif.integration_bridge)
         with self._namespaces(plug) as (host, pod_fd):
-            self._remove_leftovers_of_port(host, (qbr, qvb, qvo), owner)
+            self._remove_leftovers_of_port(host, vif, (qbr, qvb, qvo), owner)
             made = []           # what this call created, to undo (qvb takes qvo with it)
             try:
                 qbr_index = self._make_qbr(host, qbr, owner, made)
@@ -86,7 +91,7 @@ class HybridDriver(ovs.OvsDriver):
                 self._plug_veth(host, pod_fd, qbr_index, vif, plug)
             except BaseException:
                 if made:
-                    self._forget_port(qvo, owner)
+                    self._forget_port(qvo, owner, unowned_ours=False)
                 for name in reversed(made):
                     _forget_device(host, name, owner)
                 raise
@@ -102,7 +107,7 @@ class HybridDriver(ovs.OvsDriver):
         owner = owner_tag.alias(plug.container_id, plug.ifname)
         names = self._tagged(plug.container_id, plug.ifname)
         if names:
-            self._remove_port(names[2], owner)
+            self._remove_port(names[2], owner, unowned_ours=False)
             self._delete_devices(names, owner)
         bridge.BridgeDriver.disconnect(self, plug)
 
@@ -112,7 +117,7 @@ class HybridDriver(ovs.OvsDriver):
         names = self._tagged(container_id, ifname)
         if names:
             try:
-                self._remove_port(names[2], owner)
+                self._remove_port(names[2], owner, unowned_ours=False)
             except (ovsdb.Unavailable, errors.InvalidConfig) as exc:
                 LOG.debug('No OVS port removed for %s: %s', names[2], exc.msg)
             self._delete_devices(names, owner)
@@ -120,9 +125,10 @@ class HybridDriver(ovs.OvsDriver):
 
     # -- connect steps --------------------------------------------------------------
 
-    def _remove_leftovers_of_port(self, host, names, owner):
-        """Remove this port's devices (and qvo's OVS row) left by this plug or untagged."""
-        with netns.kernel_errors('look up the devices of port %s' % names[0][3:]):
+    def _remove_leftovers_of_port(self, host, vif, names, owner):
+        """Remove this port's devices (and qvo's OVS row) left by this plug or proven the
+        port's; refuse, touching nothing, when any of them is not proven ours."""
+        with netns.kernel_errors('look up the devices of port %s' % vif.port_id):
             links = {name: podside.get_link(host, name) for name in names}
         for name, link in links.items():
             alias = link and link.get('ifalias')
@@ -135,11 +141,25 @@ class HybridDriver(ovs.OvsDriver):
         if port is not None and port['owner'] not in (owner, None):
             raise errors.BindingFailed('OVS port %s exists and belongs to another owner' % qvo,
                                        'expected %s=%s' % (ovs.OWNER_KEY, owner))
+        row_proves = port is not None and (
+            port['external_ids'].get('iface-id') == vif.port_id
+            and port['external_ids'].get('attached-mac') == vif.mac)
+        ours = _proven_ours(names, links, owner, row_proves)
+        unproven = [name for name, link in links.items()
+                    if link is not None and name not in ours]
+        if unproven or (port is not None and port['owner'] is None and not row_proves):
+            raise errors.BindingFailed(
+                'devices of port %s exist that this daemon did not tag: %s'
+                % (vif.port_id, ', '.join(unproven or [qvo + ' (OVS row)'])),
+                'nothing proves them this port\'s (no owner tag, and no OVS row of %s with '
+                'iface-id %s and attached-mac %s): they may be another port\'s, a Nova '
+                'instance\'s or another daemon\'s, and are left alone; if they are '
+                'leftovers, delete them' % (qvo, vif.port_id, vif.mac))
         if port is not None:
             self._remove_port(qvo, owner)
         leftovers = [name for name, link in links.items() if link is not None]
         if leftovers:
-            LOG.info('Replacing what %s left of port %s: %s', owner, names[0][3:],
+            LOG.info('Replacing what %s left of port %s: %s', owner, vif.port_id,
                      ', '.join(leftovers))
             for name in leftovers:
                 podside.delete_owned_link(host, name, owner, 'on the host', untagged_ours=True)
@@ -188,11 +208,19 @@ class HybridDriver(ovs.OvsDriver):
         return ()
 
     def _delete_devices(self, names, owner):
-        """Delete the qvb/qvo pair (through qvb, or qvo if it alone is left), then the qbr."""
+        """Delete the qvb/qvo pair (through qvb, or qvo if it alone is left), then the qbr.
+
+        The pair is deleted untagged too when it sits in this owner's qbr (a plug
+        stopped before tagging it).
+        """
         qbr, qvb, qvo = names
         with netns.iproute(self.host_netns) as host:
+            with netns.kernel_errors('look up the devices of %s' % qbr):
+                ours = _proven_ours(names, {name: podside.get_link(host, name)
+                                            for name in names}, owner, False)
             for name in (qvb, qvo, qbr):
-                podside.delete_owned_link(host, name, owner, 'on the host')
+                podside.delete_owned_link(host, name, owner, 'on the host',
+                                          untagged_ours=name in ours)
 
     # -- check ------------------------------------------------------------------------
 
@@ -213,6 +241,28 @@ class HybridDriver(ovs.OvsDriver):
                 if found is not None and found.get('master') != links[qbr]['index']:
                     problems.append('%s is not in bridge %s' % (name, qbr))
         return problems + self._check_port(qvo, vif.integration_bridge, vif, plug)
+
+
+def _proven_ours(names, links, owner, row_proves):
+    """Which of ``names`` (qbr, qvb, qvo) are proven this plug's; ``links`` maps each
+    to its link message or None.
+
+    Tagged for ``owner``; or untagged and ``row_proves`` (the qvo's OVS row
+    names this very VIF); or untagged qvb in a qbr tagged for ``owner``, and
+    untagged qvo whose veth peer is that qvb: a plug that made the pair into
+    its own qbr and stopped before tagging it. The qvb/qvo names are the
+    port's, so an untagged pair is never taken on its name alone.
+    """
+    qbr, qvb, qvo = (links[name] for name in names)
+    ours = {name for name, link in links.items()
+            if link is not None and (link.get('ifalias') == owner
+                                     or (row_proves and not link.get('ifalias')))}
+    if qbr is not None and qbr.get('ifalias') == owner and qvb is not None \
+            and qvb.get('master') == qbr['index']:
+        ours.add(names[1])
+        if qvo is not None and not qvo.get('ifalias') and qvo.get('link') == qvb['index']:
+            ours.add(names[2])
+    return ours
 
 
 def _tag_and_raise(host, index, owner):

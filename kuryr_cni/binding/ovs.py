@@ -166,16 +166,17 @@ class OvsDriver(bridge.BridgeDriver):
             time.sleep(delay)
             delay = min(delay * 2, _POLL_MAX)
 
-    def _remove_port(self, host_name, owner):
+    def _remove_port(self, host_name, owner, unowned_ours=True):
         """Remove port ``host_name`` from every bridge if ``owner`` owns it.
 
-        A row without owner key is ours too (its name is derived from the
-        owner). Returns podside's DELETED, ABSENT or FOREIGN.
+        A row without owner key is ours too when ``unowned_ours`` (its name is
+        derived from the owner; a hybrid port's qvo is named after the port,
+        so not). Returns podside's DELETED, ABSENT or FOREIGN.
         """
         port = self._port_of(host_name)
         if port is None:
             return podside.ABSENT
-        if port['owner'] not in (owner, None):
+        if port['owner'] != owner and (port['owner'] is not None or not unowned_ours):
             LOG.warning('Not removing OVS port %s: it names owner %s, not %s',
                         host_name, port['owner'], owner)
             return podside.FOREIGN
@@ -184,10 +185,10 @@ class OvsDriver(bridge.BridgeDriver):
         self.ovsdb.transact(_detach(port['port']))
         return podside.DELETED
 
-    def _forget_port(self, host_name, owner):
+    def _forget_port(self, host_name, owner, unowned_ours=True):
         """Best-effort :meth:`_remove_port` for an undo; never raises."""
         try:
-            self._remove_port(host_name, owner)
+            self._remove_port(host_name, owner, unowned_ours)
         except Exception:   # the original error matters more
             LOG.exception('Could not remove the OVS port of half-made %s', host_name)
 

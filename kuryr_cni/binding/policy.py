@@ -14,6 +14,10 @@ import fnmatch
 from kuryr_cni import errors
 from kuryr_cni import vif as vif_model
 
+# A hybrid-plugged port's private firewall bridge (os-vif's and Neutron's name):
+# only that port's ovs-hybrid VIF may name one, whatever [binding] bridges says.
+HYBRID_BRIDGE_PREFIX = 'qbr'
+
 
 def refuse_unlisted(vif, options):
     """Raise :class:`errors.VIFNotAllowed` when ``vif`` names a bridge or parent
@@ -24,7 +28,16 @@ def refuse_unlisted(vif, options):
     nested VIF that names its parent must name ``options.link_iface`` or
     match ``options.parents``; one that names none gets the default parent,
     which the operator chose (or which is found as upstream finds it).
+    A ``bridge`` VIF never names a ``qbr…`` bridge: that is a hybrid-plugged
+    port's own bridge (kuryr-daemon's or a Nova instance's, untagged), and a
+    pod joining it would sit behind that port's security groups, outside its own.
     """
+    if vif.kind == 'bridge' and vif.bridge.startswith(HYBRID_BRIDGE_PREFIX):
+        raise errors.VIFNotAllowed(
+            'VIF of port %s names bridge %s: a %s... bridge is a hybrid-plugged port\'s '
+            'private bridge, which no bridge VIF may join'
+            % (vif.port_id, vif.bridge, HYBRID_BRIDGE_PREFIX),
+            'only an ovs-hybrid VIF of that port uses it')
     for name in vif.bridges:
         if not matches(name, options.bridges):
             raise errors.VIFNotAllowed(

@@ -1,8 +1,9 @@
 """``kuryr-cni-daemon``: start-up in the order DESIGN §2 requires.
 
 config, checked whole (a bad one ends the start here: one line on stderr,
-exit status 2) and logging → safety checks (no live daemon on the socket, a
-state dir only root may write, and its lock: one daemon per state dir) →
+exit status 2) and logging → safety checks (no live daemon on the socket;
+the run dir's lock: one daemon per run dir; a state dir only root may write,
+and its lock: one daemon per state dir) →
 metrics directory → registry Manager (before cotyledon, with the fork start method,
 its socket ``registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
@@ -15,6 +16,7 @@ Manager dies, the parent stops gracefully too and exits non-zero
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import gc
 import multiprocessing
@@ -41,7 +43,7 @@ from kuryr_cni.daemon import worker
 LOG = logging.getLogger(__name__)
 
 REGISTRY_SOCKET = 'registry.sock'   # the registry Manager's, beside the CNI socket
-STATE_LOCK = 'daemon.lock'          # in the state dir: one daemon per state dir
+STATE_LOCK = 'daemon.lock'          # in the state dir and the run dir: one daemon per each
 M_ARENA_MAX = -8                    # mallopt(3)
 
 
@@ -76,11 +78,14 @@ def main(argv=None):
 def run(conf):
     opts = conf.cni_daemon
     run_dir = listener.ensure_private_dir(os.path.dirname(opts.socket))
-    # Before anything in the run dir is wiped or replaced: a live daemon owns it.
+    # Before anything in the run dir is wiped or replaced (metrics files, the
+    # registry socket): a live daemon owns it, on this socket or another.
     listener.refuse_live_daemon(opts.socket)
+    locked = [_lock_dir(run_dir, 'run dir')]    # bare descriptors: held until we exit
     for directory in state.private_dirs(opts.state_dir):    # only root may plant state
         listener.ensure_private_dir(directory)
-    _lock_state_dir(opts.state_dir)     # a bare descriptor: held until we exit
+    if os.path.realpath(opts.state_dir) != os.path.realpath(run_dir):
+        locked.append(_lock_dir(opts.state_dir, 'state dir'))
     metrics.setup(os.path.join(run_dir, 'metrics'))
     _freeze_heap()
     manager, registry = registry_mod.Registry.start(address=_registry_socket(run_dir))
@@ -104,25 +109,37 @@ def run(conf):
     return 0
 
 
-def _lock_state_dir(state_dir):
-    """Take the state dir's lock, or refuse: one daemon per state dir, whatever its socket.
+def _lock_dir(directory, what):
+    """Take ``directory``'s lock, or refuse: one daemon per state dir and per run dir,
+    whatever socket each names (``what`` names the directory in the refusal).
 
-    An ``fcntl.flock`` on ``daemon.lock`` in the state dir, taken before
-    anything there is read or changed, and never released: the kernel drops
-    it when the last process holding it (the parent, the Manager and the
-    children inherit it) has exited. Returns the descriptor.
+    An ``fcntl.flock`` on ``daemon.lock`` in it, taken before anything there
+    is read or changed, and never released: the kernel drops it when the last
+    process holding it (the parent, the Manager and the children inherit it)
+    has exited. Returns the descriptor. Any error here is a refusal to start
+    (one line, exit status 2), never a traceback a supervisor would loop on.
     """
-    path = os.path.join(state_dir, STATE_LOCK)
-    # Read-only: a descriptor open for writing would keep the disk from being
-    # remounted read-only under a running daemon.
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise listener.UnsafeSetup('another daemon uses the state dir %s (it holds %s)'
-                                   % (state_dir, path)) from None
-    return fd
+    path = os.path.join(directory, STATE_LOCK)
+    # Read-only first: a descriptor open for writing keeps the disk from being
+    # remounted read-only under a running daemon. NFSv4 emulates flock with a
+    # POSIX lock and refuses an exclusive one on a read-only descriptor
+    # (EBADF): there, open for writing.
+    for access in (os.O_RDONLY, os.O_RDWR):
+        fd = None
+        try:
+            fd = os.open(path, access | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if fd is not None:
+                os.close(fd)
+            if isinstance(exc, BlockingIOError):
+                raise listener.UnsafeSetup('another daemon uses the %s %s (it holds %s)'
+                                           % (what, directory, path)) from None
+            if exc.errno == errno.EBADF and access == os.O_RDONLY:
+                continue
+            raise listener.UnsafeSetup('cannot lock the %s: %s: %s'
+                                       % (what, path, exc.strerror or exc)) from None
 
 
 def _address(sock):

@@ -159,3 +159,25 @@ def test_pods_naming_new_bridges_leave_no_bridge_behind(world, clean):
         else:
             assert_refused(outcome, 7, 'bridge %s' % name, 'not in [binding] bridges')
     assert set(world.host.links()) == before
+
+
+def test_a_bridge_vif_naming_another_ports_qbr_is_refused_and_changes_nothing(world, clean):
+    """Issue 31 hole 3: an untagged qbr (a Nova iptables_hybrid instance's, or left by
+    kuryr-daemon) matches the default ``qbr*`` yet is that port's private firewall bridge."""
+    qbr = 'qbr5d0b1c2a-3f'
+    testhost.ip('-n', world.host.ns, 'link', 'add', qbr, 'type', 'bridge')
+    try:
+        runtime = world.runtime()
+        index = world._next_index()
+        sandbox = annotated(world, runtime, 'qbr-joiner', vif_of(index, bridge=qbr))
+        before = world.snapshot()
+
+        outcome = runtime.add(sandbox)
+
+        assert_refused(outcome, 7, 'bridge %s' % qbr, 'private bridge')
+        assert world.snapshot() == before
+        assert [n for n, link in world.host.links().items()
+                if link.get('master') == world.host.links()[qbr]['index']] == []
+        assert set(world.host.links(sandbox.netns)) == {'lo'}
+    finally:
+        testhost.ip('-n', world.host.ns, 'link', 'del', qbr)

@@ -280,16 +280,21 @@ def test_connect_refuses_a_missing_bridge_and_creates_nothing(netns_factory, pod
     assert set(pod.links()) == {'lo'}
 
 
-def test_connect_refuses_the_private_bridge_of_a_hybrid_port(host_ns, pod_ns):
+@pytest.mark.parametrize('tagged', [True, False], ids=['ours', 'untagged'])
+def test_connect_refuses_the_private_bridge_of_a_hybrid_port(host_ns, pod_ns, tagged):
+    """Untagged too: kuryr-daemon's or a Nova instance's qbr (issue 31 hole 3)."""
     host_ns.ip('link', 'add', 'qbr5d0b-port-5', 'type', 'bridge')
-    host_ns.ip('link', 'set', 'qbr5d0b-port-5', 'alias', owner_tag.alias('other', 'eth0'))
+    if tagged:
+        host_ns.ip('link', 'set', 'qbr5d0b-port-5', 'alias', owner_tag.alias('other', 'eth0'))
     driver = bridge.BridgeDriver(host_netns=host_ns.path)
     pod = pod_ns()
 
-    with pytest.raises(errors.BindingFailed, match='private bridge of a hybrid'):
+    with pytest.raises(errors.VIFNotAllowed, match='private bridge'):
         driver.connect(make_vif(bridge='qbr5d0b-port-5'), pod.plug())
 
     assert set(pod.links()) == {'lo'}
+    assert [n for n, link in host_ns.links().items()
+            if link.get('master') == 'qbr5d0b-port-5'] == []
 
 
 def test_concurrent_connects_share_one_bridge_not_looked_up_yet(netns_factory, pod_ns):

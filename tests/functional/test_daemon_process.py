@@ -112,3 +112,47 @@ def test_a_second_daemon_on_the_same_state_dir_is_refused_whatever_its_socket(da
     assert helpers.scrape(daemon).keys() == metrics_before.keys()
     assert daemon.daemon.poll() is None
     assert crash.daemon_get(daemon, '/v1/status')[0] == 200       # the first serves on
+
+
+def test_a_second_daemon_sharing_the_run_dir_is_refused_and_touches_nothing(daemon):
+    """Issue 31 hole 11: a second daemon whose socket (and state dir, ports) differ but
+    whose run dir is the first's wiped the first's metrics files and replaced its
+    registry socket before anything refused it."""
+    run_dir = os.path.dirname(daemon.socket)
+    first = os.path.join(daemon.workdir, 'kuryr-cni.conf')
+    second = os.path.join(daemon.workdir, 'second.conf')
+    with open(first) as f:
+        text = f.read().replace(daemon.socket, os.path.join(run_dir, 'other.sock')).replace(
+            daemon.state_dir, os.path.join(daemon.workdir, 'state2'))
+    with open(second, 'w') as f:
+        f.write(text.replace('daemon.log', 'second.log')
+                + '\n[health]\nport = 18091\n[prometheus]\nport = 19656\n')
+    registry_sock = os.path.join(run_dir, 'registry.sock')
+    inode = os.stat(registry_sock).st_ino
+    metrics_dir = os.path.join(run_dir, 'metrics')
+    metrics_files = {name: os.stat(os.path.join(metrics_dir, name)).st_ino
+                     for name in os.listdir(metrics_dir)}
+    assert metrics_files
+    proc = subprocess.Popen(
+        ['ip', 'netns', 'exec', daemon.ns, *testhost.daemon_command(), '--config-file', second],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        status = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:     # it started: stop it and its children
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert status == 2
+    with open(os.path.join(daemon.workdir, 'second.log')) as f:
+        lines = f.read().splitlines()
+    refusals = [line for line in lines if 'Refusing to start' in line]
+    assert len(refusals) == 1 and refusals[0].endswith(
+        'Refusing to start: another daemon uses the run dir %s (it holds %s/daemon.lock)'
+        % (run_dir, run_dir)), lines
+    assert os.stat(registry_sock).st_ino == inode
+    assert {name: os.stat(os.path.join(metrics_dir, name)).st_ino
+            for name in os.listdir(metrics_dir)} == metrics_files
+    assert not os.path.exists(os.path.join(run_dir, 'other.sock'))
+    assert not os.path.exists(os.path.join(daemon.workdir, 'state2'))
+    assert daemon.daemon.poll() is None
+    assert crash.daemon_get(daemon, '/v1/status')[0] == 200

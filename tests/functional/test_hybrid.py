@@ -147,19 +147,79 @@ def test_another_owners_devices_of_the_port_are_never_taken_over(node, pod_ns, s
     assert set(intruder.links()) == {'lo'}
 
 
-def test_connect_replaces_untagged_devices_of_its_port(node, pod_ns, switch, driver):  # noqa
-    """What a plug of this port left before tagging (or os-vif made) is replaced."""
-    vif = make_vif()
-    qbr, qvb, qvo = hybrid.device_names(vif.port_id)
+def untagged_port(node, switch, port_id, mac):  # noqa: F811
+    """A hybrid port's devices as os-vif makes them (a Nova instance's, kuryr-daemon's):
+    no owner tag, qvo's row naming the port and its MAC; the names of the devices."""
+    qbr, qvb, qvo = hybrid.device_names(port_id)
     node.ip('link', 'add', qbr, 'type', 'bridge')
     node.ip('link', 'add', qvb, 'type', 'veth', 'peer', 'name', qvo)
-    switch.vsctl('add-port', BRIDGE, qvo)
+    node.ip('link', 'set', qvb, 'master', qbr)
+    switch.vsctl('add-port', BRIDGE, qvo, '--', 'set', 'Interface', qvo,
+                 'external_ids:iface-id=%s' % port_id, 'external_ids:attached-mac=%s' % mac,
+                 'external_ids:iface-status=active')
+    return qbr, qvb, qvo
+
+
+def test_connect_replaces_untagged_devices_its_vif_proves_its_own(
+        node, pod_ns, switch, driver):  # noqa: F811
+    """os-vif's devices of this very VIF (the qvo row names its port and MAC) are replaced."""
+    vif = make_vif()
+    untagged_port(node, switch, vif.port_id, vif.mac)
     pod = pod_ns()
 
     driver.connect(vif, pod.plug())
 
     driver.check(vif, pod.plug())
-    assert switch.ports(BRIDGE) == {qvo}
+    assert switch.ports(BRIDGE) == {hybrid.device_names(vif.port_id)[2]}
+
+
+def test_untagged_devices_of_the_port_nothing_proves_ours_are_left_alone(
+        node, pod_ns, switch, driver):  # noqa: F811
+    """Issue 31 hole 3: a VIF naming a Nova instance's port ID (another MAC) must neither
+    delete the instance's qbr/qvb/qvo and row nor take over its iface-id."""
+    victim = make_vif()
+    names = untagged_port(node, switch, victim.port_id, victim.mac)
+    before = {name: node.link(name)['ifindex'] for name in names}
+    intruder = pod_ns()
+
+    with pytest.raises(errors.BindingFailed, match='did not tag') as info:
+        driver.connect(make_vif(mac='fa:16:3e:00:0e:0e'), intruder.plug('sandbox-x'))
+
+    assert info.value.code == 101
+    assert {name: node.link(name)['ifindex'] for name in names} == before
+    assert switch.ports(BRIDGE) == {names[2]}
+    assert external_ids(switch, names[2]) == {
+        'iface-id': victim.port_id, 'attached-mac': victim.mac, 'iface-status': 'active'}
+    assert set(intruder.links()) == {'lo'}
+    assert not [n for n, link in node.links().items() if link.get('ifalias')]
+
+
+def test_a_lone_untagged_qbr_of_the_port_is_left_alone(node, pod_ns, switch, driver):  # noqa
+    vif = make_vif()
+    qbr = hybrid.device_names(vif.port_id)[0]
+    node.ip('link', 'add', qbr, 'type', 'bridge')
+    index = node.link(qbr)['ifindex']
+
+    with pytest.raises(errors.BindingFailed, match=qbr):
+        driver.connect(vif, pod_ns().plug())
+
+    assert node.link(qbr)['ifindex'] == index and switch.ports(BRIDGE) == set()
+
+
+def test_an_untagged_pair_in_its_own_tagged_qbr_is_replaced(
+        node, pod_ns, switch, driver):  # noqa: F811
+    """What a plug that stopped between making the qvb/qvo pair and tagging it leaves."""
+    vif = make_vif()
+    qbr, qvb, qvo = hybrid.device_names(vif.port_id)
+    node.ip('link', 'add', qbr, 'type', 'bridge')
+    node.ip('link', 'set', qbr, 'alias', 'kuryr-cni:sandbox-a:eth0')
+    node.ip('link', 'add', qvb, 'type', 'veth', 'peer', 'name', qvo)
+    node.ip('link', 'set', qvb, 'master', qbr)
+    pod = pod_ns()
+
+    driver.connect(vif, pod.plug('sandbox-a'))
+
+    driver.check(vif, pod.plug('sandbox-a'))
 
 
 def test_failed_connect_leaves_nothing(node, pod_ns, switch, driver):  # noqa: F811

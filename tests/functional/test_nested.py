@@ -12,6 +12,8 @@ requests are also checked without a kernel in tests/unit/test_nested_requests.py
 import dataclasses
 import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -246,6 +248,90 @@ def test_without_link_iface_the_parent_is_found_as_upstream_finds_it(node, pod_n
     finally:
         if sock is not None:
             sock.close()
+
+
+# A process of user nobody listening in the node namespace; prints "ready" once it listens.
+_LISTEN_AS_NOBODY = '''
+import os, socket, sys
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+sock = socket.socket(family, socket.SOCK_STREAM)
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind((sys.argv[1], int(sys.argv[2])))
+sock.listen(1)
+print("ready", flush=True)
+sys.stdin.read()
+'''
+
+
+def _listening_as_nobody(node, address):
+    proc = subprocess.Popen(['ip', 'netns', 'exec', node.name, sys.executable, '-c',
+                             _LISTEN_AS_NOBODY, address, str(default_parent.KUBELET_PORT)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == 'ready\n'
+    return proc
+
+
+def _stop(proc):
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+def _with_mgmt0(node):
+    node.ip('link', 'add', 'mgmt0', 'type', 'veth', 'peer', 'name', 'mgmt1')
+    node.ip('addr', 'add', '10.55.0.2/24', 'dev', 'mgmt0')
+    node.ip('link', 'set', 'mgmt0', 'up')
+
+
+def _second_vif(kind):
+    other_vlan = {'vlan_id': VLAN_ID + 1} if kind == 'vlan' else {}
+    return make_vif(kind, parent=None, n=6, **other_vlan)
+
+
+@pytest.mark.parametrize('kubelet, intruder, expected', [
+    (None, '10.55.0.2', PARENT),    # kubelet restarting: the user's alone would steer
+    ('10.55.0.2', '127.0.0.1', 'mgmt0'),    # a second listener would push it off kubelet's
+], ids=['steer-to-theirs', 'push-off-kubelets'])
+def test_a_local_users_listener_on_kubelets_port_does_not_steer_the_parent(
+        node, pod_ns, kind, kubelet, intruder, expected):
+    """Issue 31 hole 6: any user may listen on 10250, at the address of the interface
+    they choose; only root's sockets count."""
+    _with_mgmt0(node)
+    sock = _kubelet_listening(node, kubelet) if kubelet else None
+    other = _listening_as_nobody(node, intruder)
+    try:
+        pod = pod_ns()
+        driver = binding.get_driver(kind, host_netns=node.path)
+
+        driver.connect(make_vif(kind, parent=None), pod.plug())
+
+        assert pod.link('eth0')['link_index'] == node.links()[expected]['ifindex']
+    finally:
+        _stop(other)
+        if sock is not None:
+            sock.close()
+
+
+def test_the_default_parent_is_decided_once_and_logged(node, pod_ns, kind, caplog):
+    """A parent that moved as kubelet (re)started would split the node's pods."""
+    _with_mgmt0(node)
+    caplog.set_level('INFO', logger='kuryr_cni.binding.default_parent')
+    driver = binding.get_driver(kind, host_netns=node.path)
+    first, second = pod_ns(), pod_ns()
+    driver.connect(make_vif(kind, parent=None), first.plug())
+    sock = _kubelet_listening(node, '10.55.0.2')    # kubelet now listens on mgmt0's
+    try:
+        driver.connect(_second_vif(kind), second.plug('sandbox-2'))
+    finally:
+        sock.close()
+
+    for pod in (first, second):
+        assert pod.link('eth0')['link_index'] == node.links()[PARENT]['ifindex']
+    assert [r.getMessage() for r in caplog.records
+            if r.name == 'kuryr_cni.binding.default_parent'] == [
+        'Nested VIFs that name no parent use %s (the first interface that is not a '
+        'loopback: root\'s 0 sockets on port 10250 name no one interface); set [binding] '
+        'link_iface to choose' % PARENT]
 
 
 def test_a_node_with_only_loopback_has_no_default_parent(netns_factory, pod_ns, kind):

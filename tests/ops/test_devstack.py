@@ -712,6 +712,11 @@ def test_post_config_writes_the_conflist(host):
     conf = _read_conf(host.conf)
     assert data['plugins'][0]['daemon_socket'] == conf['cni_daemon']['socket']
     assert data['plugins'][0]['state_dir'] == conf['cni_daemon']['state_dir']
+    # ... and the shim may use them: they are in the allow file beside it.
+    allow = host.cni_bin_dir / 'kuryr-cni-paths.json'
+    assert json.loads(allow.read_text()) == {'daemon_socket': [str(host.socket)],
+                                             'state_dir': [str(host.state_dir)]}
+    assert _mode(allow) == 0o644
 
 
 @pytest.mark.parametrize('others', [

@@ -305,6 +305,7 @@ class Node:
         self.config_dir = tmp_path / 'etc/kuryr-cni'
         self.config = self.config_dir / 'kuryr-cni.conf'
         self.conflist = self.config_dir / '10-kuryr.conflist'
+        self.shim_paths = self.config_dir / 'kuryr-cni-paths.json'     # not there by default
         self.node_config = tmp_path / 'run/kuryr-cni-node.conf'
         self.record = tmp_path / 'daemon-record.json'
         self.daemon = tmp_path / 'fake-daemon'
@@ -328,6 +329,7 @@ class Node:
             'KURYR_CNI_SHIM': str(self.stage),
             'KURYR_CNI_CONFIG': str(self.config),
             'KURYR_CNI_CONFLIST': str(self.conflist),
+            'KURYR_CNI_SHIM_PATHS': str(self.shim_paths),
             'KURYR_CNI_POD_CONFIG': str(self.node_config),
             'KURYR_CNI_DAEMON': str(self.daemon),
             'NODE_NAME': 'worker-3',
@@ -371,6 +373,16 @@ def test_entrypoint_installs_shim_and_conflist_then_execs_the_daemon(node):
     assert record['argv'] == ['--config-file', str(node.node_config),
                               '--config-file', str(node.config), '--debug']
     assert 'node_name = worker-3' in record['node_conf'].splitlines()
+
+
+def test_entrypoint_installs_the_shims_allow_file_when_the_configmap_has_one(node):
+    node.shim_paths.write_text('{"daemon_socket": ["/run/kuryr-cni-b/daemon.sock"]}\n')
+    proc, err, record = node.run()
+    assert proc.returncode == 0, err
+    installed = node.bin_dir / 'kuryr-cni-paths.json'
+    assert installed.read_bytes() == node.shim_paths.read_bytes()
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o644
+    assert sorted(p.name for p in node.bin_dir.iterdir()) == ['kuryr-cni', installed.name]
 
 
 def test_entrypoint_node_config_is_a_valid_daemon_config(node, tmp_path):

@@ -44,6 +44,11 @@ REFUSED = [
      vif(kind='ovs-hybrid', bridge='qbrport-5', integration_bridge='br-int'),
      binding.Options(bridges=('br-int',)), 'bridge qbrport-5'),
     ('patterns match case', vif(bridge='KURYR-br0'), DEFAULTS, 'bridge KURYR-br0'),
+    # issue 31 hole 3: another port's firewall bridge, on the list or not
+    ('a bridge VIF on a hybrid port\'s qbr', vif(bridge='qbr5d0b1c2a-3f'), DEFAULTS,
+     'bridge qbr5d0b1c2a-3f'),
+    ('a bridge VIF on a qbr the operator listed by name', vif(bridge='qbr5d0b1c2a-3f'),
+     binding.Options(bridges=('qbr5d0b1c2a-3f',)), 'private bridge'),
     ('an empty list', vif(), binding.Options(bridges=()), 'bridge kuryr-br0'),
     ('a parent with no link_iface nor parents',
      vif(kind='macvlan', bridge=None, parent='eth0'), DEFAULTS, 'parent eth0'),

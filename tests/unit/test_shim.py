@@ -616,9 +616,58 @@ def test_body_over_limit_is_refused_without_sending(run, tmp_path, daemon):
     assert daemon.requests == []
 
 
+# -- what a network config may steer (issue 31 hole 10) -------------------------------------
+# With Multus a namespaced NetworkAttachmentDefinition writes the shim's stdin:
+# the root shim dials and writes only paths an allow file beside it lists.
+
+@pytest.fixture
+def installed(tmp_path):
+    """A copy of the shim in its own bin dir, as operators install it: no allow file."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    return testshim.install(str(bin_dir))
+
+
+@pytest.mark.parametrize('version', VERSIONS)
+@pytest.mark.parametrize('key', ['daemon_socket', 'state_dir'])
+def test_a_path_no_allow_file_lists_is_refused_and_neither_dialled_nor_written(
+        installed, tmp_path, daemon, version, key):
+    conf = config(tmp_path, version)
+    other = {'daemon_socket': conf['daemon_socket'], 'state_dir': conf['state_dir']}
+    conf.update({k: v for k, v in (('daemon_socket', '/run/kuryr-cni/daemon.sock'),
+                                   ('state_dir', '/var/lib/kuryr-cni')) if k != key})
+    proc = subprocess.run([installed], env=cni_env('ADD'), input=json.dumps(conf).encode(),
+                          capture_output=True, timeout=30)
+    error = assert_error(proc, 7, version)
+    assert error['msg'] == '"%s" %s is not allowed on this node' % (key, other[key])
+    assert testshim.ALLOW_FILE in error['details'] and 'owned by root' in error['details']
+    assert daemon.requests == []
+    assert not (tmp_path / 'state').exists()
+
+
+def test_a_path_the_allow_file_lists_is_honoured(installed, tmp_path, daemon):
+    testshim.allow(os.path.dirname(installed), [str(tmp_path / 'd.sock'),
+                                                str(tmp_path / 'state')])
+    proc = subprocess.run([installed], env=cni_env('GC'),
+                          input=json.dumps(config(tmp_path, '1.1.0')).encode(),
+                          capture_output=True, timeout=30)
+    assert_success(proc)
+    assert len(daemon.requests) == 1
+
+
+def test_a_group_writable_allow_file_is_ignored(installed, tmp_path, daemon):
+    testshim.allow(os.path.dirname(installed), [str(tmp_path) + '/'])
+    os.chmod(os.path.join(os.path.dirname(installed), testshim.ALLOW_FILE), 0o664)
+    proc = subprocess.run([installed], env=cni_env('GC'),
+                          input=json.dumps(config(tmp_path, '1.1.0')).encode(),
+                          capture_output=True, timeout=30)
+    assert 'writable by group' in assert_error(proc, 7)['details']
+    assert daemon.requests == []
+
+
 @pytest.mark.parametrize('key, value', [
-    ('timeout', '5'), ('timeout', True), ('timeout', 0), ('timeout', -1), ('timeout', 3600.5),
-    ('timeout', [5]),
+    ('timeout', '5'), ('timeout', True), ('timeout', 0), ('timeout', -1), ('timeout', 110.5),
+    ('timeout', 3600), ('timeout', [5]),
     ('daemon_socket', 5), ('daemon_socket', ''), ('daemon_socket', 'relative.sock'),
     ('daemon_socket', '/' + 'x' * 107), ('daemon_socket', '/run/\0x'),
     ('daemon_socket', '/run/\ud800.sock'),
@@ -631,6 +680,6 @@ def test_invalid_plugin_keys_are_code_7(run, tmp_path, daemon, key, value):
     assert daemon.requests == []
 
 
-@pytest.mark.parametrize('timeout', [3600, 0.25, None])
+@pytest.mark.parametrize('timeout', [110, 0.25, None])
 def test_valid_timeouts(run, tmp_path, daemon, timeout):
     assert_success(run(cni_env('GC'), config(tmp_path, '1.1.0', timeout=timeout)))

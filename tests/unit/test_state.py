@@ -125,8 +125,27 @@ def test_binding_round_trip_under_a_digest_name(store, tmp_path):
     name = state.file_stem('demo/web-0') + '.json'
     assert listing(tmp_path / 'bindings') == [name]
     on_disk = json.loads((tmp_path / 'bindings' / name).read_bytes())
-    assert (on_disk['format'], on_disk['pod']) == (records.FORMAT, 'demo/web-0')
+    assert (on_disk['format'], on_disk['pod']) == (1, 'demo/web-0')
     assert stat.S_IMODE(os.stat(tmp_path / 'bindings' / name).st_mode) == 0o600
+
+
+HYBRID_VIF = vif_model.parse_vif({'kind': 'ovs-hybrid', 'port_id': 'port-2',
+                                  'bridge': 'qbrport-2', 'integration_bridge': 'br-int',
+                                  'mac': 'fa:16:3e:00:00:02', 'ips': ['10.0.0.2/24']})
+
+
+@pytest.mark.parametrize('vif, written', [(VIF, 1), (HYBRID_VIF, 2)], ids=['bridge', 'hybrid'])
+def test_a_binding_is_written_in_the_oldest_format_that_holds_it(store, tmp_path, vif,
+                                                                 written):
+    """Issue 31 hole 9: format 2 added the VIF's integration_bridge; a record without one
+    stays readable by the releases that read format 1."""
+    record = binding()
+    record.owner_sandbox.attachments[('kuryr', 'eth0')].interfaces[0].vif = vif
+    store.save(record)
+    on_disk = json.loads(open(store.path('demo/web-0'), 'rb').read())
+    assert on_disk['format'] == written
+    assert ('integration_bridge' in json.dumps(on_disk)) == (written == 2)
+    assert store.load('demo/web-0') == record
 
 
 def test_the_longest_legal_names_fit(store, tmp_path):
@@ -257,8 +276,47 @@ def test_a_future_format_is_refused_and_left_untouched(store, caplog):
     with caplog.at_level(logging.ERROR, logger='kuryr_cni.state'):
         assert store.load_all() == {}
     assert [r.getMessage() for r in caplog.records] == [
-        'binding file %s was written by a newer kuryr-cni (format 2 is newer than this '
-        'release reads (1)); leaving it untouched' % store.path('demo/web-0')]
+        'binding file %s was written by a newer kuryr-cni (format %d is newer than this '
+        'release reads (%d)); leaving it untouched'
+        % (store.path('demo/web-0'), records.FORMAT + 1, records.FORMAT)]
+    with open(store.path('demo/web-0'), 'rb') as f:
+        assert f.read() == content
+
+
+UNKNOWN_KEYS = {
+    'in the VIF': ('sandboxes', 'c1', 'attachments', 'kuryr/eth0', 'interfaces', 0, 'vif',
+                   'qos_policy'),
+    'in an interface': ('sandboxes', 'c1', 'attachments', 'kuryr/eth0', 'interfaces', 0,
+                        'queues'),
+    'in an attachment': ('sandboxes', 'c1', 'attachments', 'kuryr/eth0', 'checked_at'),
+    'in a sandbox': ('sandboxes', 'c1', 'runtime'),
+    'in the binding': ('generation',),
+}
+
+
+@pytest.mark.parametrize('path', UNKNOWN_KEYS.values(), ids=UNKNOWN_KEYS.keys())
+@pytest.mark.parametrize('version', range(records.FORMAT + 1))
+def test_a_key_this_release_does_not_know_is_refused_and_left_untouched(store, tmp_path,
+                                                                        path, version):
+    """Issue 31 hole 9: a newer release's record, even one that forgot to bump the
+    format, is left untouched (code 5), never set aside as damaged."""
+    data = json.loads(json.dumps(binding().to_dict()))
+    data['format'] = version
+    if version == 0:
+        del data['format']
+    parent = data
+    for key in path[:-1]:
+        parent = parent[key]
+    parent[path[-1]] = 'something new'
+    content = json.dumps(data).encode()
+    write_binding_file(store, 'demo/web-0', content)
+
+    with pytest.raises(errors.UnreadableState) as raised:
+        store.load('demo/web-0')
+
+    assert raised.value.code == 5 and repr(path[-1]) in raised.value.details
+    assert store.load_all() == {}
+    assert aside(tmp_path / 'bindings') == []
     with open(store.path('demo/web-0'), 'rb') as f:
         assert f.read() == content
 
@@ -282,7 +340,7 @@ def test_bindings_written_by_0_1_0_load_after_migration(tmp_path):
     for name, original in originals.items():
         pod_key = original['pod']
         rewritten = loaded[pod_key].to_dict()
-        assert rewritten.pop('format') == records.FORMAT
+        assert rewritten.pop('format') == 1
         assert rewritten == original                       # nothing lost or changed
     assert listing(tmp_path / 'bindings') == sorted(state.file_stem(k) + '.json'
                                                     for k in loaded)
@@ -292,6 +350,24 @@ def test_bindings_written_by_0_1_0_load_after_migration(tmp_path):
     assert (attachment.state, attachment.interfaces[0].vif.mac) == ('ready', 'fa:16:3e:00:00:02')
     assert loaded['default/pending-0'].owner_sandbox.attachments == {}
     assert store.migrate_legacy_names(str(locks)) == 0     # idempotent
+
+
+def test_after_a_downgrade_to_0_1_0_and_back_its_newer_record_wins(tmp_path):
+    """Issue 31 hole 9: this release migrated web-0's record (digest name); 0.1.0, run
+    again, wrote the pod's newer record under its legacy name (the committed fixture,
+    as 0.1.0 writes it); back on this release, the newer one is the pod's binding."""
+    store = state.BindingStore(str(tmp_path))
+    stale = binding('default/web-0', owner='c-before-the-downgrade')
+    store.save(stale)
+    shutil.copy(os.path.join(FIXTURE, 'default_web-0.json'), tmp_path / 'bindings')
+    with open(os.path.join(FIXTURE, 'default_web-0.json')) as f:
+        newer = records.Binding.from_dict(json.load(f))
+
+    assert store.migrate_legacy_names(str(tmp_path / 'locks')) == 1
+
+    assert store.load_all() == {'default/web-0': newer}
+    assert aside(tmp_path / 'bindings') == [state.file_stem('default/web-0') + '.json']
+    assert not (tmp_path / 'bindings' / 'default_web-0.json').exists()
 
 
 def test_a_legacy_file_under_another_pods_name_is_set_aside(tmp_path):

@@ -73,10 +73,12 @@ class Host:
         return self.api
 
     def install_shim(self):
-        """Install the shim as operators do (a copy of the executable); return its path."""
+        """Install the shim as operators do (a copy of the executable, and an allow
+        file for the paths under this host's directory: its socket, its state dir,
+        the benchmark's stub daemon); return its path."""
         bin_dir = os.path.join(self.workdir, 'cni-bin')
         os.makedirs(bin_dir, exist_ok=True)
-        return shim.install(bin_dir)
+        return shim.install(bin_dir, allowed=(self.workdir.rstrip('/') + '/',))
 
     # Pods --------------------------------------------------------------------
 
