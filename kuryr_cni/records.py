@@ -18,12 +18,13 @@ On disk (``state_dir/bindings``) a binding is one JSON object::
                                         "result": {...}}}}}}
 
 Formats: 0, kuryr-cni 0.1.0, the same without ``"format"``; 1, with it; 2,
-a VIF may carry ``integration_bridge`` (``ovs-hybrid``). Every change of
+a VIF may carry ``integration_bridge`` (``ovs-hybrid``); 3, a VIF may carry
+``network_id`` (the address fence's network). Every change of
 this shape bumps :data:`FORMAT` (tests/unit/test_records.py pins each
 format's keys): a release reading a record it does not fully understand
 must know it, never drop or misread what it does not know. A record is
 written in the oldest format that holds it (1 unless a VIF has an
-integration bridge), so the releases before a format was added still read
+integration bridge or a network ID), so the releases before a format was added still read
 the records that do not need it.
 
 A file read back is validated whole by :meth:`Binding.from_dict`, which
@@ -40,7 +41,7 @@ import re
 from kuryr_cni import errors
 from kuryr_cni import vif as vif_model
 
-FORMAT = 2                  # the format this release writes; it reads 0 to 2
+FORMAT = 3                  # the newest format this release writes; it reads 0 to 3
 PLUGGING, READY = 'plugging', 'ready'
 
 _CONTAINER_ID = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z')
@@ -57,7 +58,7 @@ class FutureFormat(RecordError):
     """A record written by a newer release, in a format this one does not know."""
 
 
-# The keys of each level of a record this release knows (format 2).
+# The keys of each level of a record this release knows (format 3).
 BINDING_KEYS = frozenset({'format', 'pod', 'owner', 'uid', 'sandboxes'})
 SANDBOX_KEYS = frozenset({'netns', 'uid', 'attachments'})
 ATTACHMENT_KEYS = frozenset({'state', 'interfaces', 'added_at', 'result'})
@@ -187,11 +188,12 @@ class Binding:
 
     def format(self):
         """The oldest format that holds this binding."""
-        hybrid = any(interface.vif.integration_bridge is not None
-                     for sandbox in self.sandboxes.values()
-                     for attachment in sandbox.attachments.values()
-                     for interface in attachment.interfaces)
-        return 2 if hybrid else 1
+        vifs = [interface.vif for sandbox in self.sandboxes.values()
+                for attachment in sandbox.attachments.values()
+                for interface in attachment.interfaces]
+        if any(vif.network_id is not None for vif in vifs):
+            return 3
+        return 2 if any(vif.integration_bridge is not None for vif in vifs) else 1
 
     @classmethod
     def from_dict(cls, data):

@@ -21,6 +21,7 @@ PINNED = {
     0: dict(FORMAT_1, binding=FORMAT_1['binding'] - {'format'}),    # kuryr-cni 0.1.0
     1: FORMAT_1,
     2: dict(FORMAT_1, vif=FORMAT_1['vif'] | {'integration_bridge'}),
+    3: dict(FORMAT_1, vif=FORMAT_1['vif'] | {'integration_bridge', 'network_id'}),
 }
 
 

@@ -134,17 +134,26 @@ HYBRID_VIF = vif_model.parse_vif({'kind': 'ovs-hybrid', 'port_id': 'port-2',
                                   'mac': 'fa:16:3e:00:00:02', 'ips': ['10.0.0.2/24']})
 
 
-@pytest.mark.parametrize('vif, written', [(VIF, 1), (HYBRID_VIF, 2)], ids=['bridge', 'hybrid'])
+NETWORK_VIF = vif_model.parse_vif({'kind': 'bridge', 'port_id': 'port-3', 'bridge': 'kuryr-br0',
+                                   'network_id': 'net-1', 'mac': 'fa:16:3e:00:00:03',
+                                   'ips': ['10.0.0.3/24']})
+
+
+@pytest.mark.parametrize('vif, written, later_key', [
+    (VIF, 1, None), (HYBRID_VIF, 2, 'integration_bridge'), (NETWORK_VIF, 3, 'network_id')],
+    ids=['bridge', 'hybrid', 'network'])
 def test_a_binding_is_written_in_the_oldest_format_that_holds_it(store, tmp_path, vif,
-                                                                 written):
-    """Issue 31 hole 9: format 2 added the VIF's integration_bridge; a record without one
-    stays readable by the releases that read format 1."""
+                                                                 written, later_key):
+    """Issue 31 hole 9: format 2 added the VIF's integration_bridge, format 3 its
+    network_id (the address fence's network); a record without them stays readable by
+    the releases that read format 1."""
     record = binding()
     record.owner_sandbox.attachments[('kuryr', 'eth0')].interfaces[0].vif = vif
     store.save(record)
     on_disk = json.loads(open(store.path('demo/web-0'), 'rb').read())
     assert on_disk['format'] == written
-    assert ('integration_bridge' in json.dumps(on_disk)) == (written == 2)
+    for key in ('integration_bridge', 'network_id'):
+        assert (key in json.dumps(on_disk)) == (key == later_key)
     assert store.load('demo/web-0') == record
 
 
