@@ -259,6 +259,12 @@ def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivile
                                         time.monotonic())
         _share_metric_files(unprivileged.gid)
         if names[service_id] in UNPRIVILEGED:
+            # Not the sockets it does not serve: the watcher could otherwise accept
+            # the shim's connections and answer them.
+            served = (health_sock, metrics_sock) if names[service_id] == 'ops' else ()
+            for sock in (cni_sock, health_sock, metrics_sock):
+                if sock not in served:
+                    sock.close()
             # Here, in the child's main thread before its service's thread starts
             # (cotyledon runs the service in a thread of its own).
             _drop(names[service_id], unprivileged)

@@ -134,3 +134,39 @@ def test_a_restarted_watcher_drops_again(daemon):
                what='ready again')
     assert _dropped(pid) == []
     assert helpers.metric(daemon, 'kuryr_cni_worker_restarts_total', service='watcher') == 1
+
+
+def _listening_inodes(pid):
+    """Inodes of the daemon's listening sockets: the CNI socket and both ops ports."""
+    inodes = set()
+    with open('/proc/%d/net/unix' % pid) as f:
+        inodes |= {line.split()[6] for line in f if line.rstrip().endswith('/daemon.sock')}
+    for table in ('tcp', 'tcp6'):
+        with open('/proc/%d/net/%s' % (pid, table)) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] == '0A' and int(fields[1].rsplit(':', 1)[1], 16) in (
+                        HEALTH_PORT, helpers.PROMETHEUS_PORT):
+                    inodes.add(fields[9])
+    return inodes
+
+
+def _sockets_held(pid):
+    held = set()
+    for fd in os.listdir('/proc/%d/fd' % pid):
+        target = os.readlink('/proc/%d/fd/%s' % (pid, fd))
+        if target.startswith('socket:['):
+            held.add(target[len('socket:['):-1])
+    return held
+
+
+def test_they_hold_only_the_listening_sockets_they_serve(daemon):
+    """Before: the watcher held the CNI socket, and could accept the shim's requests."""
+    worker = _role_pids(daemon, 'cni-worker')[0]
+    listening = _listening_inodes(worker)
+    assert len(listening) == 3 and listening <= _sockets_held(worker)
+    watcher, = _role_pids(daemon, 'watcher')
+    ops, = _role_pids(daemon, 'ops')
+    assert _sockets_held(watcher) & listening == set()
+    assert len(_sockets_held(ops) & listening) == 2     # /alive, /ready and /metrics
+    assert daemon.http_get(HEALTH_PORT, '/ready')[0] == 200
