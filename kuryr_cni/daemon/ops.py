@@ -121,8 +121,8 @@ class OpsService(cotyledon.Service):
         setproctitle.setproctitle(TITLE)
         metrics_registry = CollectorRegistry()
         collector.register_process_metrics(metrics_registry)
-        metrics_registry.register(collector.ScrapeCollector(self.registry, self.state_dir,
-                                                              self.queue_fd))
+        metrics_registry.register(
+            collector.ScrapeCollector(self.registry, self.state_dir, self.queue_fd))
         health_sock, metrics_sock = self.socks
         self.servers = [server.BoundedServer(health_sock, HealthApp(self.registry), LIMITS,
                                              'health'),
