@@ -4,9 +4,10 @@ config, checked whole (a bad one ends the start here: one line on stderr,
 exit status 2) and logging → safety checks (no live daemon on the socket, a
 state dir only root may write, and its lock: one daemon per state dir) →
 metrics directory → registry Manager (before cotyledon, with the fork start method,
-its socket ``registry.sock`` in the run dir) → state recovery → listening
+its socket ``registry/registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
-ops process → systemd notification. On SIGTERM cotyledon stops the children
+ops process, the watcher and ops dropping root as they start
+(:mod:`kuryr_cni.daemon.privileges`) → systemd notification. On SIGTERM cotyledon stops the children
 gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
 exits at once and the Manager follows through its parent-death signal. If the
 Manager dies, the parent stops gracefully too and exits non-zero

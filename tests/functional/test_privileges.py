@@ -58,6 +58,9 @@ def test_the_watcher_and_ops_hold_no_privilege_and_only_root_processes_do(daemon
         # has no bounding set either (the test runs with CAP_SETPCAP).
         assert int(main['CapBnd'], 16) == 0, (role, main['CapBnd'])
         assert main['Uid'].split() == [str(NOBODY.pw_uid)] * 4
+        # Not dumpable (the kernel's doing when the uid changed): /proc/<pid>/fd
+        # is root's, so no other process of that uid can use its descriptors.
+        assert os.stat('/proc/%d/fd' % pid).st_uid == 0
     for role in ('cni-worker', 'registry'):
         for pid in _role_pids(daemon, role):
             fields = privileges.status('/proc/%d/status' % pid)
