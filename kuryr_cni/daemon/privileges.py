@@ -18,11 +18,11 @@ open their ``/proc/<pid>/fd``).
 """
 
 import ctypes
-import logging
-import logging.handlers
 import os
 import pwd
 import typing
+
+from oslo_log import log as logging
 
 PR_SET_KEEPCAPS = 8
 PR_CAPBSET_DROP = 24
@@ -113,25 +113,20 @@ def shared_dir(path, gid):
     return '/proc/self/fd/%d' % fd
 
 
-def keep_log_files_open(logger=None):
-    """Write on to the log files already open instead of reopening them when rotated.
+def keep_log_files_open():
+    """Write on to the log files already open, never reopening or rotating them.
 
-    oslo.log's ``WatchedFileHandler`` looks up its file's path at every line
-    and reopens it when rotated: a process without root can do neither in a
-    root-only directory (every line would raise). The dropped processes keep
-    writing to the file they have, so rotate with ``copytruncate`` or log to
-    the journal (doc/source/security.rst).
+    oslo.log's ``WatchedFileHandler`` looks its file up at every line to
+    reopen it once rotated, and its size and interval handlers rename files:
+    a process without root can do neither in a root-only directory (the first
+    would raise at every line). Here the lookup is of the open file itself;
+    rotate with ``copytruncate`` or log to the journal (doc/source/security.rst).
     """
-    logger = logger or logging.getLogger()
-    for handler in list(logger.handlers):
-        if isinstance(handler, logging.handlers.WatchedFileHandler):
-            kept = logging.StreamHandler(handler.stream)
-            kept.setLevel(handler.level)
-            kept.setFormatter(handler.formatter)
-            for log_filter in handler.filters:
-                kept.addFilter(log_filter)
-            logger.addHandler(kept)
-            logger.removeHandler(handler)
+    for handler in logging.getLogger().logger.handlers:
+        if hasattr(handler, 'reopenIfNeeded'):      # WatchedFileHandler
+            handler.baseFilename = '/proc/self/fd/%d' % handler.stream.fileno()
+        if hasattr(handler, 'shouldRollover'):      # RotatingFileHandler, TimedRotating...
+            handler.shouldRollover = lambda record: False
 
 
 def drop(who):

@@ -61,6 +61,9 @@ def test_the_watcher_and_ops_hold_no_privilege_and_only_root_processes_do(daemon
         # Not dumpable (the kernel's doing when the uid changed): /proc/<pid>/fd
         # is root's, so no other process of that uid can use its descriptors.
         assert os.stat('/proc/%d/fd' % pid).st_uid == 0
+        # It logs on, to the file opened as root, in a directory closed to it.
+        assert 'The %s process runs as nobody (uid %d, gid %d) without capabilities' % (
+            role, NOBODY.pw_uid, NOBODY.pw_gid) in daemon.log_tail(200)
     for role in ('cni-worker', 'registry'):
         for pid in _role_pids(daemon, role):
             fields = privileges.status('/proc/%d/status' % pid)
