@@ -79,7 +79,8 @@ def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=Non
     configuration.retries = 1
     LOG.info('Kubernetes API at %s (from %s)', configuration.host, source)
     api = client.ApiClient(configuration)
-    _load_tls_files_now(api.rest_client.pool_manager)
+    if configuration.host.startswith('https://'):
+        _load_tls_files_now(api.rest_client.pool_manager)
     return api
 
 
@@ -167,11 +168,16 @@ def _use_token_file(configuration, path):
         except OSError as exc:
             if state['mtime'] is None:
                 raise
+            failure = exc.strerror
+        else:
+            failure = None
+        if failure is not None:
+            # Outside the except block, so that the log line does not repeat the exception.
             if not state['failed']:
                 LOG.warning('Cannot re-read the token file %s (%s): sending the token read '
                             'before; make the file readable by this process\'s user (uid %d) '
                             'or group (gid %d) so that a rotated token is picked up',
-                            path, exc.strerror, os.geteuid(), os.getegid())
+                            path, failure, os.geteuid(), os.getegid())
             state['failed'] = True
             return
         cfg.api_key['BearerToken'] = token
