@@ -78,7 +78,35 @@ def make_api_client(api_root=None, kubeconfig=None, token_file=None, ca_file=Non
     # while an API server restarts. The callers back off with jitter themselves.
     configuration.retries = 1
     LOG.info('Kubernetes API at %s (from %s)', configuration.host, source)
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    if configuration.host.startswith('https://'):
+        _load_tls_files_now(api.rest_client.pool_manager)
+    return api
+
+
+# What urllib3 would read from files at every new connection.
+_TLS_FILES = ('ca_certs', 'ca_cert_data', 'cert_file', 'key_file')
+
+
+def _load_tls_files_now(pool_manager):
+    """Read the CA and the client certificate and key into one SSL context, now.
+
+    urllib3 reads them from their files at every new connection; the watcher
+    makes its client before it drops root (:mod:`kuryr_cni.daemon.privileges`)
+    and reconnects long after, when those files (0600, or the temporary files
+    of a kubeconfig's embedded data) are root's alone. The context also spares
+    every reconnection the parsing of the CA bundle.
+    """
+    options = pool_manager.connection_pool_kw
+    tls = {name: options.pop(name, None) for name in _TLS_FILES}
+    context = urllib3.util.ssl_.create_urllib3_context(cert_reqs=options.get('cert_reqs'))
+    if tls['ca_certs'] or tls['ca_cert_data']:
+        context.load_verify_locations(cafile=tls['ca_certs'], cadata=tls['ca_cert_data'])
+    else:
+        context.load_default_certs()
+    if tls['cert_file']:
+        context.load_cert_chain(tls['cert_file'], keyfile=tls['key_file'])
+    options['ssl_context'] = context
 
 
 class _Configuration(client.Configuration):
@@ -123,17 +151,38 @@ def _use_token_file(configuration, path):
     """Send the token in ``path`` and re-read it whenever the file changes.
 
     Projected service-account tokens are rotated on disk, so reading the file
-    once would make the daemon fail an hour or so after start.
+    once would make the daemon fail an hour or so after start. The watcher
+    re-reads it without root: when it cannot (the file or a directory above it
+    is root's alone), the token read before is sent on, and the failure logged
+    once; the API server's 401 tells when it has expired.
     """
-    state = {'mtime': None}
+    state = {'mtime': None, 'failed': False}
 
     def refresh(cfg):
-        mtime = os.stat(path).st_mtime_ns
-        if mtime != state['mtime']:
+        try:
+            mtime = os.stat(path).st_mtime_ns
+            if mtime == state['mtime']:
+                return
             with open(path) as f:
-                cfg.api_key['BearerToken'] = f.read().strip()
-            cfg.api_key_prefix['BearerToken'] = 'Bearer'
-            state['mtime'] = mtime
+                token = f.read().strip()
+        except OSError as exc:
+            if state['mtime'] is None:
+                raise
+            failure = exc.strerror
+        else:
+            failure = None
+        if failure is not None:
+            # Outside the except block, so that the log line does not repeat the exception.
+            if not state['failed']:
+                LOG.warning('Cannot re-read the token file %s (%s): sending the token read '
+                            'before; make the file readable by this process\'s user (uid %d) '
+                            'or group (gid %d) so that a rotated token is picked up',
+                            path, failure, os.geteuid(), os.getegid())
+            state['failed'] = True
+            return
+        cfg.api_key['BearerToken'] = token
+        cfg.api_key_prefix['BearerToken'] = 'Bearer'
+        state['mtime'], state['failed'] = mtime, False
 
     refresh(configuration)     # fail now, not at the first request, when it is unreadable
     configuration.refresh_api_key_hook = refresh

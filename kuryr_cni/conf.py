@@ -73,6 +73,14 @@ cni_daemon_opts = [
     cfg.StrOpt('state_dir', default='/var/lib/kuryr-cni',
                help='Where pod bindings, per-pod lock files and the shim\'s DEL '
                     'queue live. Must match the CNI config\'s "state_dir".'),
+    cfg.StrOpt('unprivileged_user', default='nobody',
+               help='User the watcher and ops processes run as once their sockets '
+                    'and files are open: they parse what the API server and the '
+                    'network send, so they drop root and every capability. A user '
+                    'name (with its primary group) or a number (uid and gid alike); '
+                    'never root. A dedicated user is better than the shared '
+                    'nobody. The API token file must stay readable by it (it is '
+                    're-read when rotated); see the security guide.'),
     cfg.StrOpt('vif_source', default='kuryrport', choices=[
         ('kuryrport', 'KuryrPort custom resources, as kuryr-controller writes them'),
         ('annotation', 'the kuryr.openstack.org/vifs pod annotation, for clusters '

@@ -7,6 +7,7 @@ the small functions below, which do nothing before :func:`setup` (unit tests of
 other modules need no metrics).
 """
 
+import glob
 import itertools
 import os
 import shutil
@@ -135,6 +136,20 @@ def setup(directory):
         for values in spec.known_label_sets():
             getattr(_m, spec.attr).labels(*values)
     return _m
+
+
+def open_process_files():
+    """Create this process's metric files now; returns their paths.
+
+    prometheus_client opens a process's files at the first use of a metric
+    after the fork, and then writes them through their mappings: a process
+    about to drop root opens them while it may still create files.
+    """
+    if not _m:
+        return []
+    _m.evictions.inc(0)     # any metric: the first use in a process opens every file
+    return glob.glob(os.path.join(os.environ['PROMETHEUS_MULTIPROC_DIR'],
+                                  '*_%d.db' % os.getpid()))
 
 
 def observe_request(command, result, seconds):

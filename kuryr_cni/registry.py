@@ -22,9 +22,13 @@ update is one atomic RPC and a client killed mid-call cannot leave a lock held
 import collections
 import ctypes
 import dataclasses
+import io
 import multiprocessing
+import multiprocessing.connection
 import multiprocessing.managers
+import multiprocessing.reduction
 import os
+import pickle
 import signal
 import threading
 import time
@@ -552,6 +556,46 @@ class StaleDelLog:
             return list(self._entries)
 
 
+# The only classes a request to the Manager may carry; the rest is plain data
+# (str, numbers, None, bool, bytes, tuple, list, dict, set, frozenset).
+REQUEST_CLASSES = {('kuryr_cni.records', 'Summary')}
+SERIALIZER = 'kuryr-cni-registry'
+
+
+class _RequestUnpickler(pickle.Unpickler):
+    """Decodes requests without running what they carry.
+
+    The Manager is root, and the watcher and ops processes, which run without
+    root and parse untrusted input, send it requests: a plain unpickler would
+    run whatever callable a request names, as root (doc/source/security.rst,
+    "Privilege separation"). Every global a request names must be one of
+    :data:`REQUEST_CLASSES`.
+    """
+
+    def find_class(self, module, name):
+        if (module, name) not in REQUEST_CLASSES:
+            raise pickle.UnpicklingError('the registry refuses %s.%s in a request'
+                                         % (module, name))
+        return super().find_class(module, name)
+
+
+def _load_request(data):
+    return _RequestUnpickler(io.BytesIO(data)).load()
+
+
+class _RequestListener(multiprocessing.connection.Listener):
+    """The Manager's listener: its connections decode requests with :class:`_RequestUnpickler`."""
+
+    def accept(self):
+        return multiprocessing.connection.ConnectionWrapper(
+            super().accept(), multiprocessing.reduction.ForkingPickler.dumps, _load_request)
+
+
+# The clients, which trust the Manager's answers, are multiprocessing's own.
+multiprocessing.managers.listener_client[SERIALIZER] = (
+    _RequestListener, multiprocessing.connection.Client)
+
+
 class _RegistryManager(multiprocessing.managers.BaseManager):
     pass
 
@@ -610,7 +654,8 @@ class Registry:
         which a Manager ended by a signal leaves behind.
         """
         changes = Changes()     # before the fork: shared with the Manager and its clients
-        manager = _RegistryManager(address=address, ctx=multiprocessing.get_context('fork'))
+        manager = _RegistryManager(address=address, ctx=multiprocessing.get_context('fork'),
+                                   serializer=SERIALIZER)
         manager.start(_init_manager_process, (title, os.getpid(), changes))
         return manager, cls(manager.PodTable(), manager.BindingTable(), manager.StatusTable(),
                             manager.StaleDelLog(), changes)

@@ -328,10 +328,14 @@ class BindingStore:
 DEL_QUEUE = 'del-queue'     # under the state dir; the shim writes its entries there
 
 
-def queued_del_count(state_dir):
-    """How many complete entries wait in the DEL queue of ``state_dir``; reads only."""
+def queued_del_count(state_dir, queue_fd=None):
+    """How many complete entries wait in the DEL queue of ``state_dir``; reads only.
+
+    ``queue_fd``, a descriptor of the queue directory opened earlier, is listed
+    instead: by a process that may no longer open the root-only directory.
+    """
     try:
-        names = os.listdir(os.path.join(state_dir, DEL_QUEUE))
+        names = os.listdir(os.path.join(state_dir, DEL_QUEUE) if queue_fd is None else queue_fd)
     except FileNotFoundError:
         return 0
     return sum(1 for name in names if _QUEUE_ENTRY.match(name))

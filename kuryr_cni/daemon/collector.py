@@ -55,13 +55,15 @@ def register_process_metrics(metrics_registry):
 class ScrapeCollector:
     """A prometheus_client collector of :data:`kuryr_cni.metrics.SCRAPED`."""
 
-    def __init__(self, registry, state_dir):
+    def __init__(self, registry, state_dir, queue_fd=None):
         self.registry = registry
         self.state_dir = state_dir
+        self.queue_fd = queue_fd    # state.queued_del_count's, in a process without root
 
     def collect(self):
         yield _gauge('kuryr_cni_build_info', 1, (version.VERSION,))
-        yield _gauge('kuryr_cni_queued_dels', state.queued_del_count(self.state_dir))
+        yield _gauge('kuryr_cni_queued_dels',
+                     state.queued_del_count(self.state_dir, self.queue_fd))
         yield _gauge('kuryr_cni_ready', int(health.judge(self.registry)['ready']))
         try:
             attachments = self.registry.bindings.count_attachments()

@@ -5,9 +5,10 @@ exit status 2) and logging → safety checks (no live daemon on the socket;
 the run dir's lock: one daemon per run dir; a state dir only root may write,
 and its lock: one daemon per state dir) →
 metrics directory → registry Manager (before cotyledon, with the fork start method,
-its socket ``registry.sock`` in the run dir) → state recovery → listening
+its socket ``registry/registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
-ops process → systemd notification. On SIGTERM cotyledon stops the children
+ops process, the watcher and ops dropping root as they start
+(:mod:`kuryr_cni.daemon.privileges`) → systemd notification. On SIGTERM cotyledon stops the children
 gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
 exits at once and the Manager follows through its parent-death signal. If the
 Manager dies, the parent stops gracefully too and exits non-zero
@@ -35,6 +36,7 @@ from kuryr_cni.daemon import health
 from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import manager_guard
 from kuryr_cni.daemon import ops
+from kuryr_cni.daemon import privileges
 from kuryr_cni.daemon import recovery
 from kuryr_cni.daemon import sdnotify
 from kuryr_cni.daemon import watcher
@@ -42,7 +44,12 @@ from kuryr_cni.daemon import worker
 
 LOG = logging.getLogger(__name__)
 
-REGISTRY_SOCKET = 'registry.sock'   # the registry Manager's, beside the CNI socket
+REGISTRY_DIR = 'registry'           # in the run dir: the registry Manager's socket
+REGISTRY_SOCKET = 'registry.sock'
+METRICS_DIR = 'metrics'             # in the run dir: prometheus_client's files
+# Services that parse untrusted input: they run without root (privileges.drop).
+UNPRIVILEGED = ('watcher', 'ops')
+EXIT_PRIVILEGES = 4                 # a child that could not drop root
 STATE_LOCK = 'daemon.lock'          # in the state dir and the run dir: one daemon per each
 M_ARENA_MAX = -8                    # mallopt(3)
 
@@ -68,7 +75,7 @@ def main(argv=None):
     _limit_malloc_arenas()
     try:
         return run(conf)
-    except listener.UnsafeSetup as exc:
+    except (listener.UnsafeSetup, privileges.PrivilegeError) as exc:
         refusal = str(exc)
     # Outside the except block, so that the log line does not repeat it.
     LOG.error('Refusing to start: %s', refusal)
@@ -77,6 +84,9 @@ def main(argv=None):
 
 def run(conf):
     opts = conf.cni_daemon
+    unprivileged = privileges.identity(opts.unprivileged_user)
+    privileges.check_can_drop()
+    privileges.forbid_new_privileges()      # before any thread or child exists
     run_dir = listener.ensure_private_dir(os.path.dirname(opts.socket))
     # Before anything in the run dir is wiped or replaced (metrics files, the
     # registry socket): a live daemon owns it, on this socket or another.
@@ -86,9 +96,9 @@ def run(conf):
         listener.ensure_private_dir(directory)
     if os.path.realpath(opts.state_dir) != os.path.realpath(run_dir):
         locked.append(_lock_dir(opts.state_dir, 'state dir'))
-    metrics.setup(os.path.join(run_dir, 'metrics'))
+    _setup_metrics(os.path.join(run_dir, METRICS_DIR), unprivileged.gid)
     _freeze_heap()
-    manager, registry = registry_mod.Registry.start(address=_registry_socket(run_dir))
+    manager, registry = _start_registry(run_dir, unprivileged.gid)
     guard = manager_guard.ManagerGuard(registry.status.server_pid())
     try:
         _recover(conf, registry)
@@ -96,7 +106,7 @@ def run(conf):
         health_sock = listener.open_tcp(conf.health.host, conf.health.port)
         metrics_sock = listener.open_tcp(conf.prometheus.host, conf.prometheus.port)
         try:
-            _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard)
+            _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivileged)
         except SystemExit:
             # cotyledon ends every graceful shutdown with sys.exit(0); one the
             # Manager's death caused must tell the supervisor to restart us.
@@ -165,10 +175,53 @@ def _registry_socket(run_dir):
     In the root-only run dir, not in the ``pymp-*`` directory multiprocessing
     would make under TMPDIR, which outlives every Manager ended by a signal.
     """
-    path = os.path.join(run_dir, REGISTRY_SOCKET)
+    directory = os.path.join(run_dir, REGISTRY_DIR)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, REGISTRY_SOCKET)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return path
+
+
+def _start_registry(run_dir, gid):
+    """Start the registry Manager; its socket is reachable by the dropped processes too.
+
+    Each thread of a process opens its own connection to the Manager at its
+    first call, so the dropped watcher and ops connect long after their drop:
+    they reach the socket (group ``gid``, 0660) through
+    :func:`privileges.shared_dir`'s descriptor, as does every other process,
+    since the Manager's proxies carry one address for all.
+    """
+    path = _registry_socket(run_dir)
+    address = os.path.join(privileges.shared_dir(os.path.dirname(path), gid), REGISTRY_SOCKET)
+    manager, registry = registry_mod.Registry.start(address=address)
+    os.chown(path, 0, gid)
+    os.chmod(path, 0o660)
+    return manager, registry
+
+
+def _setup_metrics(directory, gid):
+    """Multiprocess metrics in ``directory``, readable by the dropped ops process.
+
+    Every process names the directory through :func:`privileges.shared_dir`'s
+    descriptor (``PROMETHEUS_MULTIPROC_DIR`` is read at each file's creation
+    and by the collector), and makes its files readable by group ``gid``
+    (:func:`_share_metric_files`): the ops process reads them all.
+    """
+    metrics.setup(directory)
+    os.environ['PROMETHEUS_MULTIPROC_DIR'] = privileges.shared_dir(directory, gid)
+    _share_metric_files(gid)
+
+
+def _share_metric_files(gid):
+    """Create this process's metric files now, readable by group ``gid``.
+
+    A dropped process could not create them later, nor could ops read them
+    under the unit's UMask=0077; it writes them through the mappings opened here.
+    """
+    for path in metrics.open_process_files():
+        os.chown(path, 0, gid)
+        os.chmod(path, 0o640)
 
 
 def _freeze_heap():
@@ -189,7 +242,19 @@ def _recover(conf, registry):
                      ownership.locks.directory)
 
 
-def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard):
+def _drop(role, unprivileged):
+    privileges.keep_log_files_open()
+    try:
+        privileges.drop(unprivileged)
+    except (privileges.PrivilegeError, OSError) as exc:
+        # cotyledon would log an exception of a hook and run the service anyway.
+        LOG.error('The %s process could not drop root, exiting: %s', role, exc)
+        os._exit(EXIT_PRIVILEGES)
+    LOG.info('The %s process runs as %s (uid %d, gid %d) without capabilities',
+             role, unprivileged.user, unprivileged.uid, unprivileged.gid)
+
+
+def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivileged):
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
     registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
     names = {
@@ -210,6 +275,17 @@ def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard):
         # The first beat: a new process counts as serving until its loop is due to beat.
         registry.status.process_started(names[service_id], worker_id, os.getpid(),
                                         time.monotonic())
+        _share_metric_files(unprivileged.gid)
+        if names[service_id] in UNPRIVILEGED:
+            # Not the sockets it does not serve: the watcher could otherwise accept
+            # the shim's connections and answer them.
+            served = (health_sock, metrics_sock) if names[service_id] == 'ops' else ()
+            for sock in (cni_sock, health_sock, metrics_sock):
+                if sock not in served:
+                    sock.close()
+            # Here, in the child's main thread before its service's thread starts
+            # (cotyledon runs the service in a thread of its own).
+            _drop(names[service_id], unprivileged)
 
     def on_dead_worker(service_id, worker_id, exit_code):
         metrics.worker_restarted(names[service_id])

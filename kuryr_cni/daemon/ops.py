@@ -15,12 +15,14 @@ before :func:`kuryr_cni.metrics.setup` has chosen multiprocess mode.
 """
 
 import json
+import os
 import threading
 
 import cotyledon
 import setproctitle
 from oslo_log import log as logging
 
+from kuryr_cni import state
 from kuryr_cni.daemon import collector
 from kuryr_cni.daemon import health
 from kuryr_cni.daemon import server
@@ -106,6 +108,10 @@ class OpsService(cotyledon.Service):
         super().__init__(worker_id)
         self.registry = registry
         self.state_dir = state_dir
+        # Built in the new process before it drops root (kuryr_cni.daemon.main),
+        # run after: the DEL queue's directory is root's alone.
+        self.queue_fd = None if state_dir is None else os.open(
+            os.path.join(state_dir, state.DEL_QUEUE), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self.socks = (health_sock, metrics_sock)
         self.drain_timeout = drain_timeout
         self.servers = []
@@ -115,7 +121,8 @@ class OpsService(cotyledon.Service):
         setproctitle.setproctitle(TITLE)
         metrics_registry = CollectorRegistry()
         collector.register_process_metrics(metrics_registry)
-        metrics_registry.register(collector.ScrapeCollector(self.registry, self.state_dir))
+        metrics_registry.register(
+            collector.ScrapeCollector(self.registry, self.state_dir, self.queue_fd))
         health_sock, metrics_sock = self.socks
         self.servers = [server.BoundedServer(health_sock, HealthApp(self.registry), LIMITS,
                                              'health'),

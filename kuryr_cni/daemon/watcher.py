@@ -38,6 +38,9 @@ class WatcherService(cotyledon.Service):
         self.conf = conf
         self.registry = registry
         self.stop_event = threading.Event()
+        # Built in the new process before it drops root (kuryr_cni.daemon.main):
+        # the token, CA and client certificate files may be root's alone.
+        self.client = apiclient.from_options(conf.kubernetes)
 
     def run(self):
         setproctitle.setproctitle(TITLE)
@@ -46,7 +49,7 @@ class WatcherService(cotyledon.Service):
         heartbeat.Heartbeat(self.registry.status, self.name, self.worker_id,
                             self.conf.health.heartbeat_timeout).run_in_thread(self.stop_event)
         k8s = self.conf.kubernetes
-        client = apiclient.from_options(k8s)
+        client = self.client
         node = self.conf.cni_daemon.node_name
         options = dict(watch_timeout=k8s.watch_timeout, on_restart=metrics.watch_restarted,
                        on_event=metrics.watch_event,

@@ -50,7 +50,7 @@ def test_signal_leaves_no_process_behind(daemon, sig, status):
 def test_the_registry_socket_is_in_the_run_directory(node, tmp_path, sig):
     """Not in a pymp-* directory under TMPDIR, which SIGINT's fast exit left behind."""
     node.start_daemon(env={'TMPDIR': str(tmp_path)})
-    registry_sock = os.path.join(os.path.dirname(node.socket), 'registry.sock')
+    registry_sock = os.path.join(os.path.dirname(node.socket), 'registry', 'registry.sock')
     assert stat.S_ISSOCK(os.stat(registry_sock).st_mode)
     watched = {pid: os.pidfd_open(pid) for pid in node.daemon_pids()}
     node.stop_daemon(sig)
@@ -64,7 +64,7 @@ def test_the_registry_socket_is_in_the_run_directory(node, tmp_path, sig):
 
 def test_a_second_daemon_is_refused_before_it_touches_the_first(daemon):
     metrics_before = helpers.scrape(daemon)
-    registry_sock = os.path.join(os.path.dirname(daemon.socket), 'registry.sock')
+    registry_sock = os.path.join(os.path.dirname(daemon.socket), 'registry', 'registry.sock')
     inode = os.stat(registry_sock).st_ino
     second = subprocess.run(
         ['ip', 'netns', 'exec', daemon.ns, *testhost.daemon_command(),

@@ -111,11 +111,17 @@ def test_unit_directories_are_the_daemons_defaults():
     assert {str(run_dir), str(state_dir)} <= writable
 
 
-def test_unit_capabilities_allow_netlink_and_setns_only():
-    caps = set(_one('CapabilityBoundingSet').split())
-    assert {'CAP_NET_ADMIN', 'CAP_SYS_ADMIN'} <= caps
-    assert caps <= {'CAP_NET_ADMIN', 'CAP_SYS_ADMIN', 'CAP_SYS_PTRACE', 'CAP_DAC_OVERRIDE'}
+# The watcher's and ops' drop to [cni_daemon] unprivileged_user (privileges.drop).
+DROP_CAPS = {'CAP_SETUID', 'CAP_SETGID', 'CAP_SETPCAP'}
+
+
+def test_unit_capabilities_allow_netlink_setns_and_the_drop_of_root_only():
+    caps = {cap for line in SERVICE['CapabilityBoundingSet'] for cap in line.split()}
+    assert {'CAP_NET_ADMIN', 'CAP_SYS_ADMIN'} | DROP_CAPS <= caps
+    assert caps <= {'CAP_NET_ADMIN', 'CAP_SYS_ADMIN', 'CAP_SYS_PTRACE',
+                    'CAP_DAC_OVERRIDE'} | DROP_CAPS
     assert _one('NoNewPrivileges') == 'yes'
+    assert 'User' not in SERVICE and 'DynamicUser' not in SERVICE
 
 
 def test_unit_hardening_keeps_network_and_namespace_work_possible():
@@ -174,6 +180,29 @@ def test_systemd_verify_catches_mistakes(systemd_analyze, tmp_path):
         'KillMode=mixed', 'KilMode=mixed')
     _, complaints = _verify(systemd_analyze, _unit_copy(tmp_path, text))
     assert len(complaints) == 2, complaints
+
+
+def _syscalls(systemd_analyze, group, seen=None):
+    """The system calls of a SystemCallFilter= group, its groups expanded."""
+    seen = set() if seen is None else seen
+    out = subprocess.run([systemd_analyze, 'syscall-filter', group], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    calls = set()
+    for line in out.splitlines()[1:]:
+        word = line.strip()
+        if word.startswith('@') and word not in seen:
+            seen.add(word)
+            calls |= _syscalls(systemd_analyze, word, seen)
+        elif word and not word.startswith('#'):
+            calls.add(word)
+    return calls
+
+
+def test_the_system_call_filter_lets_the_watcher_and_ops_drop_root(systemd_analyze):
+    allowed = set()
+    for group in _one('SystemCallFilter').split():
+        allowed |= _syscalls(systemd_analyze, group) if group.startswith('@') else {group}
+    assert {'setgroups', 'setresgid', 'setresuid', 'capset', 'prctl'} <= allowed
 
 
 def test_systemd_security_exposure_stays_low(systemd_analyze, tmp_path):

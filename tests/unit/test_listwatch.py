@@ -6,10 +6,12 @@ import json
 import logging
 import os
 import pickle
+import shutil
 import socket
 import threading
 import time
 
+import certifi
 from kubernetes import client
 from kubernetes.config import incluster_config
 from oslo_log import log as oslo_logging
@@ -508,7 +510,7 @@ def test_a_kubeconfig_token_file_ending_in_a_newline_is_sent_stripped(tmp_path):
 def test_the_in_cluster_token_is_stripped_and_rotated(tmp_path, monkeypatch):
     token, ca = tmp_path / 'token', tmp_path / 'ca.crt'
     token.write_text('s3cret\n')
-    ca.write_text('not used: no request is made\n')
+    shutil.copy(certifi.where(), ca)     # any valid bundle: no request is made
     monkeypatch.setattr(incluster_config, 'SERVICE_TOKEN_FILENAME', str(token))
     monkeypatch.setattr(incluster_config, 'SERVICE_CERT_FILENAME', str(ca))
     monkeypatch.setenv('KUBERNETES_SERVICE_HOST', '192.0.2.1')

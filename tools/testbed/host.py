@@ -46,7 +46,9 @@ class Host:
         self._own_ns = netns is None
         self.path = '/run/netns/' + self.ns
         self.workdir = workdir or tempfile.mkdtemp(prefix=self.tag + '-')
-        os.chmod(self.workdir, 0o700)
+        # Others may pass through, not list: as through /etc, the daemon's
+        # processes that run without root read the token file it holds.
+        os.chmod(self.workdir, 0o711)
         self.state_dir = os.path.join(self.workdir, 'state')
         self.socket = os.path.join(self.workdir, 'run', 'daemon.sock')
         self.pod_namespaces = []
