@@ -115,3 +115,36 @@ def test_a_compaction_past_its_version_relists_exactly_once(etcd_served):
         assert cluster.refused(since) == []
     finally:
         node.close()
+
+
+POISON_BYTES = 1400 * 1024     # a pod this large still fits etcd's 1.5 MiB
+
+
+def test_the_real_server_sends_live_pods_metadata_alone_so_a_poison_pod_is_harmless(
+        cluster, node, runtime):
+    """kube-apiserver 1.20 honours what the watch asks: metadata alone, not terminated."""
+    node.start_daemon(vif_timeout=20)
+    cluster.create_pod('default', 'done-1', node.name)
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+                                      type='ADDED') == 1, 20, 'the pod to be seen')
+    received = node.counters()[0]
+    poison = {'apiVersion': 'v1', 'kind': 'Pod',
+              'metadata': {'name': 'poison-1', 'namespace': 'default'},
+              'spec': {'nodeName': node.name, 'containers': [
+                  {'name': 'main', 'image': 'registry.k8s.io/pause:3.9',
+                   'env': [{'name': 'X', 'value': ',' * POISON_BYTES}]}]}}
+    cluster.call(cluster.core.create_namespaced_pod, 'default', poison)
+    # kubelet's report of a container that failed: the pod leaves the watch's selection.
+    cluster.call(cluster.core.patch_namespaced_pod_status, 'done-1', 'default',
+                 {'status': {'phase': 'Failed'}})
+    pod = cluster.create_pod('default', 'web-1', node.name, testhost.Host.vifs(5))
+    outcome = runtime.add(node.sandbox(pod))
+    assert outcome.ok, outcome
+
+    # The poison pod's env never crossed the node's link: its metadata alone did.
+    assert node.counters()[0] - received < POISON_BYTES / 4
+    assert helpers.metric(node, 'kuryr_cni_watch_events_total', type='ADDED') == 3
+    assert helpers.metric(node, 'kuryr_cni_watch_events_total', type='DELETED') == 1
+    assert helpers.metric(node, 'kuryr_cni_watch_limit_exceeded_total',
+                          limit='object_size') == 0
+    assert ready(node)
