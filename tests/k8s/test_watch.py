@@ -124,20 +124,20 @@ def test_the_real_server_sends_live_pods_metadata_alone_so_a_poison_pod_is_harml
         cluster, node, runtime):
     """kube-apiserver 1.20 honours what the watch asks: metadata alone, not terminated."""
     node.start_daemon(vif_timeout=20)
-    cluster.create_pod('default', 'done-1', node.name)
+    cluster.create_pod('default', 'finished-1', node.name)
     wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
                                       type='ADDED') == 1, 20, 'the pod to be seen')
     received = node.counters()[0]
     poison = {'apiVersion': 'v1', 'kind': 'Pod',
-              'metadata': {'name': 'poison-1', 'namespace': 'default'},
+              'metadata': {'name': 'commas-1', 'namespace': 'default'},
               'spec': {'nodeName': node.name, 'containers': [
                   {'name': 'main', 'image': 'registry.k8s.io/pause:3.9',
                    'env': [{'name': 'X', 'value': ',' * POISON_BYTES}]}]}}
     cluster.call(cluster.core.create_namespaced_pod, 'default', poison)
     # kubelet's report of a container that failed: the pod leaves the watch's selection.
-    cluster.call(cluster.core.patch_namespaced_pod_status, 'done-1', 'default',
+    cluster.call(cluster.core.patch_namespaced_pod_status, 'finished-1', 'default',
                  {'status': {'phase': 'Failed'}})
-    pod = cluster.create_pod('default', 'web-1', node.name, testhost.Host.vifs(5))
+    pod = cluster.create_pod('default', 'after-commas-1', node.name, testhost.Host.vifs(5))
     outcome = runtime.add(node.sandbox(pod))
     assert outcome.ok, outcome
 
