@@ -27,14 +27,22 @@ is the same for every source:
 Every byte read is bounded, so a hostile or broken API server can neither grow
 the watcher nor hold it for ever (figures in ``doc/source/scale.rst``):
 
-- a list body is decoded as it arrives (ijson), one object at a time, each
-  turned into its record at once: never the whole body in memory. It may be
-  at most ``list_max_bytes`` long, hold at most :data:`MAX_OBJECTS` objects,
-  and arrive within ``list_timeout`` seconds in all (not per read: a server
-  trickling a byte at a time is cut at that deadline);
-- one object (of a list) or event (of a watch) may be at most
-  :data:`MAX_EVENT_BYTES` long and hold at most :data:`MAX_OBJECT_VALUES`
-  JSON values, which bounds what decoding it costs;
+- a list body, and a watch stream, are decoded as they arrive (ijson's
+  events), one object at a time, each turned into its record at once: never
+  the whole body in memory. A list may be at most ``list_max_bytes`` long,
+  hold at most :data:`MAX_OBJECTS` objects, and arrive within
+  ``list_timeout`` seconds in all (not per read: a server trickling a byte
+  at a time is cut at that deadline);
+- one object (of a list) or event (of a watch) is built only within the
+  bounds on one object: :data:`MAX_EVENT_BYTES`, :data:`MAX_OBJECT_VALUES`
+  JSON values (counted as parsed: its structure, whatever its strings hold)
+  and :data:`MAX_DEPTH` levels, which bounds what decoding it costs. One
+  past them is no fault of the server's, and must not stop the feed for the
+  others: it is read on for its identity alone (:data:`IDENTITY` and the
+  source's ``keep``), becomes the source's record of an object too large to
+  read, is logged once per version and reported through ``on_skip``; the
+  feed moves past its version. Only one JSON string over
+  :data:`MAX_TOKEN_BYTES`, which the parser would hold whole, is an overrun;
 - a watch stream is cut once it runs past the ``timeoutSeconds`` it asked
   for by as much again (a minute at most: the read timeout), however busy;
 - the records a watch adds count against :data:`MAX_OBJECTS` too.
@@ -138,9 +146,12 @@ class ListWatch:
 
     ``source`` has ``what`` (the watched objects, in words, for the logs),
     ``request(**kwargs)`` (the list call of the official client, a watch with
-    ``watch=True``) and ``record(obj)`` (the record to keep of an object,
-    None when it is not this node's). A record's ``error``, when it has one,
-    is logged once per version of the object.
+    ``watch=True``), ``record(obj, too_large)`` (the record to keep of an
+    object, None when it is not this node's; ``too_large`` says why only its
+    identity was read, else None) and optionally ``keep`` (the paths, besides
+    :data:`IDENTITY`, that ``record`` reads of an object too large to read).
+    A record's ``error``, when it has one, is logged once per version of the
+    object.
 
     ``sink`` has ``replace_pods(records)``, ``put_pod(key, record)``,
     ``drop_pod(key)`` and ``mark_synced(bool)``; records are keyed
@@ -150,8 +161,11 @@ class ListWatch:
     (``reason``: ``'error'`` or ``'expired'``), ``on_event(type)`` for every
     watch event, ``on_activity()`` for every list and every event,
     ``on_limit(limit, message)`` each time the server exceeds a limit (an
-    :class:`Overrun`), and ``on_limit(None, None)`` once it answers within
-    limits again.
+    :class:`Overrun`), ``on_limit(None, None)`` once it answers within
+    limits again, and ``on_skip(reason)`` for each object skipped (one of
+    :data:`SKIPS`). ``on_event`` gets the event's type if kube-apiserver
+    sends such (:data:`EVENT_TYPES`), else ``'other'``: it becomes a metric
+    label, which must not grow with what a server makes up.
     Exceptions raised by the sink or the callbacks are not caught: without
     its registry the watcher has nothing to do, and its process manager
     restarts it.
