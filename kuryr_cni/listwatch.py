@@ -534,15 +534,21 @@ class _Body:
 
     ``value_bytes`` counts since the value being decoded began (the decoder
     zeroes it), ``token_bytes`` since the parser last produced an event (the
-    decoder zeroes it at each): past :data:`MAX_TOKEN_BYTES`, the parser is
-    buffering one string no real API server sends, and the answer is cut.
-    ``limit`` (``(max_bytes, Overrun)``) bounds the whole answer.
+    decoder zeroes it at each, except while it is ``building`` a value: then
+    it checks ``value_bytes`` itself at each value, and so ``value_bytes``
+    past :data:`MAX_EVENT_BYTES` by :data:`MAX_TOKEN_BYTES` means no value
+    came meanwhile). Either way, the parser is buffering one string past
+    :data:`MAX_TOKEN_BYTES`, which no real API server sends, and the answer
+    is cut. ``limit`` (``(max_bytes, Overrun)``) bounds the whole answer.
     """
+
+    __slots__ = ('_read', '_limit', 'total', 'value_bytes', 'token_bytes', 'building')
 
     def __init__(self, read, limit=None):
         self._read = read
         self._limit = limit
         self.total = self.value_bytes = self.token_bytes = 0
+        self.building = False
 
     def read(self, size):
         if size <= 0:
@@ -553,7 +559,8 @@ class _Body:
         self.token_bytes += len(chunk)
         if self._limit is not None and self.total > self._limit[0]:
             raise self._limit[1]
-        if self.token_bytes > MAX_TOKEN_BYTES + READ_SIZE:
+        if (self.value_bytes > MAX_EVENT_BYTES + MAX_TOKEN_BYTES + 2 * READ_SIZE
+                if self.building else self.token_bytes > MAX_TOKEN_BYTES + READ_SIZE):
             raise Overrun('object_size', 'one JSON string is larger than %d bytes'
                           % MAX_TOKEN_BYTES)
         return chunk
@@ -609,70 +616,80 @@ class _Decoder:
     def _value(self, first, events):
         """Build the value ``first`` starts; past a bound, keep its identity only."""
         body = self.body
-        body.value_bytes = 0
+        body.value_bytes, body.building = 0, True
         root = {} if first == 'start_map' else []
-        containers = [root]     # the open ones, while the value is being built
+        containers = [root]     # the open ones
         # The key (or ITEM) of each open level, to PATH_LEVELS levels: as deep as a value
         # is built, and deeper than any kept path.
         path = [None if first == 'start_map' else ITEM]
-        depth, values, found, why = 1, 1, None, None
+        depth, values, why = 1, 1, None
+        # The hot loop: every event of every object goes through it.
+        for event, value in events:
+            if event == 'map_key':
+                path[-1] = value
+                continue
+            if event == 'end_map' or event == 'end_array':
+                path.pop()
+                containers.pop()
+                depth -= 1
+                if depth == 0:
+                    body.building = False
+                    return root
+                continue
+            values += 1
+            parent = containers[-1]
+            if event == 'start_map' or event == 'start_array':
+                value = {} if event == 'start_map' else []
+                if parent.__class__ is dict:
+                    parent[path[-1]] = value
+                else:
+                    parent.append(value)
+                containers.append(value)
+                path.append(None if event == 'start_map' else ITEM)
+                depth += 1
+                if depth > MAX_DEPTH:
+                    why = 'nested deeper than %d levels' % MAX_DEPTH
+                    break
+            elif parent.__class__ is dict:
+                parent[path[-1]] = value
+            else:
+                parent.append(value)
+            if values > MAX_OBJECT_VALUES:
+                why = 'more than %d JSON values' % MAX_OBJECT_VALUES
+                break
+            if body.value_bytes > MAX_EVENT_BYTES + READ_SIZE:
+                why = 'more than %d bytes' % MAX_EVENT_BYTES
+                break
+        else:
+            return root         # the stream ended inside it: the parser raises
+        # Past a bound: read on without building it, keeping its identity.
+        body.building, body.token_bytes = False, 0
+        found = {keys: v for keys in self.keep if (v := _scalar_at(root, keys)) is not None}
+        root = containers = None
         for event, value in events:
             body.token_bytes = 0
             if event == 'map_key':
                 if depth <= PATH_LEVELS:
                     path[-1] = value
-                continue
-            if event in ('end_map', 'end_array'):
+            elif event == 'end_map' or event == 'end_array':
                 if depth <= PATH_LEVELS:
                     path.pop()
-                if containers is not None:
-                    containers.pop()
                 depth -= 1
                 if depth == 0:
                     break
-                continue
-            values += 1
-            opens = event in ('start_map', 'start_array')
-            if containers is not None:
-                if opens:
-                    value = {} if event == 'start_map' else []
-                parent = containers[-1]
-                if isinstance(parent, dict):
-                    parent[path[-1]] = value
-                else:
-                    parent.append(value)
-                if opens:
-                    containers.append(value)
-                why = self._over(values, depth + opens)
-                if why is not None:     # read on without building: keep its identity
-                    found = {keys: v for keys in self.keep
-                             if (v := _scalar_at(root, keys)) is not None}
-                    root = containers = None
-            elif not opens and depth <= self.keep_depth and tuple(path) in self.keep:
-                found[tuple(path)] = value
-            if opens:
+            elif event == 'start_map' or event == 'start_array':
                 depth += 1
                 if depth <= PATH_LEVELS:
                     path.append(None if event == 'start_map' else ITEM)
-        if why is None:
-            return root
+            elif depth <= self.keep_depth and tuple(path) in self.keep:
+                found[tuple(path)] = value
         partial = {}
         for keys, scalar in found.items():
             target = partial
             for key in keys[:-1]:
                 target = target.setdefault(key, {})
             target[keys[-1]] = scalar
-        return _Partial(partial, why)
-
-    def _over(self, values, depth):
-        """Why a value this far into its decoding is past a bound (None: it is not)."""
-        if values > MAX_OBJECT_VALUES:
-            return 'too large to read: more than %d JSON values' % MAX_OBJECT_VALUES
-        if depth > MAX_DEPTH:
-            return 'too large to read: nested deeper than %d levels' % MAX_DEPTH
-        if self.body.value_bytes > MAX_EVENT_BYTES + READ_SIZE:
-            return 'too large to read: more than %d bytes' % MAX_EVENT_BYTES
-        return None
+        return _Partial(partial, 'too large to read: ' + why)
 
 
 ITEM = object()     # the key of an array's members in a decoder's paths
