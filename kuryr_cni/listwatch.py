@@ -42,7 +42,9 @@ the watcher nor hold it for ever (figures in ``doc/source/scale.rst``):
   source's ``keep``), becomes the source's record of an object too large to
   read, is logged once per version and reported through ``on_skip``; the
   feed moves past its version. Only one JSON string over
-  :data:`MAX_TOKEN_BYTES`, which the parser would hold whole, is an overrun;
+  :data:`MAX_TOKEN_BYTES`, which the parser would hold whole, or one object
+  over :data:`MAX_SKIPPED_BYTES`, more than any real server sends, is an
+  overrun;
 - a watch stream is cut once it runs past the ``timeoutSeconds`` it asked
   for by as much again (a minute at most: the read timeout), however busy;
 - the records a watch adds count against :data:`MAX_OBJECTS` too.
@@ -89,6 +91,9 @@ MAX_DEPTH = 64                      # a pod nests ~15 levels deep (its managedFi
 # most 1.5 MiB, and a pod's metadata (what is read of pods) at most 256 KiB of
 # annotations, so a longer one is garbage, and the answer holding it is cut.
 MAX_TOKEN_BYTES = MAX_EVENT_BYTES
+# One object read for its identity alone: more than a real server sends (1.5
+# MiB in etcd, at most six times that as JSON, every byte escaped).
+MAX_SKIPPED_BYTES = 4 * MAX_EVENT_BYTES
 # What is kept of an object past the bounds: enough to key, version and place it.
 IDENTITY = (('metadata', 'namespace'), ('metadata', 'name'), ('metadata', 'uid'),
             ('metadata', 'resourceVersion'), ('metadata', 'deletionTimestamp'))
@@ -542,13 +547,14 @@ class _Body:
     is cut. ``limit`` (``(max_bytes, Overrun)``) bounds the whole answer.
     """
 
-    __slots__ = ('_read', '_limit', 'total', 'value_bytes', 'token_bytes', 'building')
+    __slots__ = ('_read', '_limit', 'total', 'value_bytes', 'token_bytes', 'building',
+                 'skipping')
 
     def __init__(self, read, limit=None):
         self._read = read
         self._limit = limit
         self.total = self.value_bytes = self.token_bytes = 0
-        self.building = False
+        self.building = self.skipping = False
 
     def read(self, size):
         if size <= 0:
@@ -563,6 +569,9 @@ class _Body:
                 if self.building else self.token_bytes > MAX_TOKEN_BYTES + READ_SIZE):
             raise Overrun('object_size', 'one JSON string is larger than %d bytes'
                           % MAX_TOKEN_BYTES)
+        if self.skipping and self.value_bytes > MAX_SKIPPED_BYTES + READ_SIZE:
+            raise Overrun('object_size', 'one object is larger than %d bytes'
+                          % MAX_SKIPPED_BYTES)
         return chunk
 
 
@@ -609,6 +618,8 @@ class _Decoder:
                 else:
                     yield value
             elif event in ('start_map', 'start_array'):
+                if len(path) == MAX_DEPTH:
+                    raise _Unavailable('the answer nests deeper than %d levels' % MAX_DEPTH)
                 path.append(None if event == 'start_map' else ITEM)
             elif tuple(path) in self.outside:
                 self.outside[tuple(path)] = value
@@ -663,7 +674,7 @@ class _Decoder:
         else:
             return root         # the stream ended inside it: the parser raises
         # Past a bound: read on without building it, keeping its identity.
-        body.building, body.token_bytes = False, 0
+        body.building, body.skipping, body.token_bytes = False, True, 0
         found = {keys: v for keys in self.keep if (v := _scalar_at(root, keys)) is not None}
         root = containers = None
         for event, value in events:
@@ -683,6 +694,7 @@ class _Decoder:
                     path.append(None if event == 'start_map' else ITEM)
             elif depth <= self.keep_depth and tuple(path) in self.keep:
                 found[tuple(path)] = value
+        body.skipping = False
         partial = {}
         for keys, scalar in found.items():
             target = partial

@@ -859,3 +859,22 @@ def test_unknown_event_types_are_counted_as_other():
     # ... which are the metric's label values, created at start.
     assert metrics.WATCH_EVENT_TYPES == listwatch.EVENT_TYPES + ('other',)
     assert metrics.WATCH_SKIPS == listwatch.SKIPS
+
+
+def test_what_no_real_server_sends_cuts_the_answer(monkeypatch):
+    monkeypatch.setattr(listwatch, 'MAX_OBJECT_VALUES', 1000)
+    monkeypatch.setattr(listwatch, 'MAX_SKIPPED_BYTES', 256 * 1024)
+    head = b'{"type":"ADDED","object":{"metadata":{"name":"x"},"a":['
+    # An object read for its identity alone, going on past what any real server sends ...
+    endless = Stream(head + b'{},' * (listwatch.MAX_SKIPPED_BYTES // 3 + 50000))
+    with pytest.raises(listwatch.Overrun) as caught:
+        list(listwatch._events(endless))
+    assert caught.value.limit == 'object_size' and 'one object is larger' in str(caught.value)
+    # ... one string the parser would hold whole ...
+    string = Stream(b'{"type":"ADDED","object":{"a":"' + b'x' * (10 * 1024 * 1024))
+    with pytest.raises(listwatch.Overrun) as caught:
+        list(listwatch._events(string))
+    assert 'one JSON string is larger' in str(caught.value)
+    # ... and a list nested without end around its items.
+    with pytest.raises(listwatch._Unavailable, match='nests deeper'):
+        list(listwatch._Listing(Body(b'{"x":' + b'[' * 100000), 1 << 26, 'pods').objects())
