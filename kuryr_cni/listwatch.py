@@ -27,14 +27,24 @@ is the same for every source:
 Every byte read is bounded, so a hostile or broken API server can neither grow
 the watcher nor hold it for ever (figures in ``doc/source/scale.rst``):
 
-- a list body is decoded as it arrives (ijson), one object at a time, each
-  turned into its record at once: never the whole body in memory. It may be
-  at most ``list_max_bytes`` long, hold at most :data:`MAX_OBJECTS` objects,
-  and arrive within ``list_timeout`` seconds in all (not per read: a server
-  trickling a byte at a time is cut at that deadline);
-- one object (of a list) or event (of a watch) may be at most
-  :data:`MAX_EVENT_BYTES` long and hold at most :data:`MAX_OBJECT_VALUES`
-  JSON values, which bounds what decoding it costs;
+- a list body, and a watch stream, are decoded as they arrive (ijson's
+  events), one object at a time, each turned into its record at once: never
+  the whole body in memory. A list may be at most ``list_max_bytes`` long,
+  hold at most :data:`MAX_OBJECTS` objects, and arrive within
+  ``list_timeout`` seconds in all (not per read: a server trickling a byte
+  at a time is cut at that deadline);
+- one object (of a list) or event (of a watch) is built only within the
+  bounds on one object: :data:`MAX_EVENT_BYTES`, :data:`MAX_OBJECT_VALUES`
+  JSON values (counted as parsed: its structure, whatever its strings hold)
+  and :data:`MAX_DEPTH` levels, which bounds what decoding it costs. One
+  past them is no fault of the server's, and must not stop the feed for the
+  others: it is read on for its identity alone (:data:`IDENTITY` and the
+  source's ``keep``), becomes the source's record of an object too large to
+  read, is logged once per version and reported through ``on_skip``; the
+  feed moves past its version. Only one JSON string over
+  :data:`MAX_TOKEN_BYTES`, which the parser would hold whole, or one object
+  over :data:`MAX_SKIPPED_BYTES`, more than any real server sends, is an
+  overrun;
 - a watch stream is cut once it runs past the ``timeoutSeconds`` it asked
   for by as much again (a minute at most: the read timeout), however busy;
 - the records a watch adds count against :data:`MAX_OBJECTS` too.
@@ -56,9 +66,7 @@ with them the bearer token. No decision about attachments is taken here.
 """
 
 import contextlib
-import json
 import random
-import re
 import threading
 import time
 
@@ -71,10 +79,24 @@ from kuryr_cni import apiclient
 
 LOG = apiclient.redacting(logging.getLogger(__name__))
 
-MAX_EVENT_BYTES = 4 * 1024 * 1024   # etcd holds objects of at most 1.5 MiB: bigger is garbage
-# JSON values (containers and scalars) one object may hold: what decoding it
-# costs, ~100 bytes each at worst ({} and [] are). A 1.5 MiB pod holds ~80k.
+# The bounds on one object (of a list) or event (of a watch) built in memory:
+# its bytes, its JSON values (containers and scalars, counted as parsed, so a
+# string is one whatever it holds: what building it costs, ~100 bytes each at
+# worst, as {} and [] are; a 1.5 MiB pod holds ~80k) and its nesting. One past
+# them is read on for its identity alone (IDENTITY and the source's ``keep``).
+MAX_EVENT_BYTES = 4 * 1024 * 1024
 MAX_OBJECT_VALUES = 256 * 1024
+MAX_DEPTH = 64                      # a pod nests ~15 levels deep (its managedFields)
+# One JSON string, which the parser holds whole: etcd holds objects of at
+# most 1.5 MiB, and a pod's metadata (what is read of pods) at most 256 KiB of
+# annotations, so a longer one is garbage, and the answer holding it is cut.
+MAX_TOKEN_BYTES = MAX_EVENT_BYTES
+# One object read for its identity alone: more than a real server sends (1.5
+# MiB in etcd, at most six times that as JSON, every byte escaped).
+MAX_SKIPPED_BYTES = 4 * MAX_EVENT_BYTES
+# What is kept of an object past the bounds: enough to key, version and place it.
+IDENTITY = (('metadata', 'namespace'), ('metadata', 'name'), ('metadata', 'uid'),
+            ('metadata', 'resourceVersion'), ('metadata', 'deletionTimestamp'))
 # Objects one list+watch keeps: kubelet runs at most max-pods (110 by
 # default, 250 on large nodes) pods; terminated pods keep their node, and
 # the pod GC lets 12,500 of them pile up cluster-wide before it acts.
@@ -86,6 +108,11 @@ MAX_BACKOFF_EXPONENT = 16
 
 # The limits an API server can exceed (the metric's label values).
 LIMITS = ('list_bytes', 'list_time', 'object_size', 'object_count', 'watch_time')
+# The watch event types kube-apiserver sends; any other is counted as 'other'.
+EVENT_TYPES = ('ADDED', 'MODIFIED', 'DELETED', 'BOOKMARK', 'ERROR')
+# Why an object was skipped (the metric's label values): past the bounds on
+# one object (read for its identity alone), or lacking what identifies it.
+SKIPS = ('too_large', 'unusable')
 
 
 class _Expired(Exception):
@@ -124,9 +151,12 @@ class ListWatch:
 
     ``source`` has ``what`` (the watched objects, in words, for the logs),
     ``request(**kwargs)`` (the list call of the official client, a watch with
-    ``watch=True``) and ``record(obj)`` (the record to keep of an object,
-    None when it is not this node's). A record's ``error``, when it has one,
-    is logged once per version of the object.
+    ``watch=True``), ``record(obj, too_large)`` (the record to keep of an
+    object, None when it is not this node's; ``too_large`` says why only its
+    identity was read, else None) and optionally ``keep`` (the paths, besides
+    :data:`IDENTITY`, that ``record`` reads of an object too large to read).
+    A record's ``error``, when it has one, is logged once per version of the
+    object.
 
     ``sink`` has ``replace_pods(records)``, ``put_pod(key, record)``,
     ``drop_pod(key)`` and ``mark_synced(bool)``; records are keyed
@@ -136,8 +166,11 @@ class ListWatch:
     (``reason``: ``'error'`` or ``'expired'``), ``on_event(type)`` for every
     watch event, ``on_activity()`` for every list and every event,
     ``on_limit(limit, message)`` each time the server exceeds a limit (an
-    :class:`Overrun`), and ``on_limit(None, None)`` once it answers within
-    limits again.
+    :class:`Overrun`), ``on_limit(None, None)`` once it answers within
+    limits again, and ``on_skip(reason)`` for each object skipped (one of
+    :data:`SKIPS`). ``on_event`` gets the event's type if kube-apiserver
+    sends such (:data:`EVENT_TYPES`), else ``'other'``: it becomes a metric
+    label, which must not grow with what a server makes up.
     Exceptions raised by the sink or the callbacks are not caught: without
     its registry the watcher has nothing to do, and its process manager
     restarts it.
@@ -145,7 +178,7 @@ class ListWatch:
 
     def __init__(self, source, sink, *, watch_timeout=300, request_timeout=(10, 60),
                  backoff_max=30, backoff_initial=0.5, on_restart=None, on_event=None,
-                 on_activity=None, on_limit=None, list_max_bytes=LIST_MAX_BYTES,
+                 on_activity=None, on_limit=None, on_skip=None, list_max_bytes=LIST_MAX_BYTES,
                  list_timeout=LIST_TIMEOUT, max_objects=MAX_OBJECTS):
         """``request_timeout`` is (connect, read) seconds for the list; a watch
         may stay silent for ``watch_timeout`` plus that read timeout, and
@@ -164,6 +197,8 @@ class ListWatch:
         self.on_event = on_event
         self.on_activity = on_activity
         self.on_limit = on_limit
+        self.on_skip = on_skip
+        self._keep = IDENTITY + tuple(getattr(source, 'keep', ()))
         self.list_max_bytes = list_max_bytes
         self.list_timeout = list_timeout
         self.max_objects = max_objects
@@ -225,7 +260,7 @@ class ListWatch:
         late = Overrun('list_time', 'the list of %s took longer than %d s'
                        % (self.source.what, self.list_timeout))
         with self._reading(response, time.monotonic() + self.list_timeout, late):
-            listing = _Listing(response, self.list_max_bytes, self.source.what)
+            listing = _Listing(response, self.list_max_bytes, self.source.what, self._keep)
             for obj in listing.objects():
                 try:
                     key, obj_rv = _identify(obj)
@@ -266,7 +301,7 @@ class ListWatch:
         late = Overrun('watch_time', 'the watch of %s went on %d s past the %d s it asked for'
                        % (self.source.what, grace, self.watch_timeout))
         with self._reading(response, time.monotonic() + self.watch_timeout + grace, late):
-            for event in _events(response):
+            for event in _events(response, self._keep):
                 if self._stop_event.is_set():
                     return
                 self._handle(event)
@@ -277,7 +312,8 @@ class ListWatch:
         kind = event.get('type')
         obj = event.get('object')
         if self.on_event is not None:
-            self.on_event(kind)
+            # A label value: only the types that exist, or the metric grows without bound.
+            self.on_event(kind if kind in EVENT_TYPES else 'other')
         if self.on_activity is not None:
             self.on_activity()
         if not isinstance(obj, dict):
@@ -301,6 +337,8 @@ class ListWatch:
         except _BadObject as exc:
             self._skipped('Skipping a %s event: %s', kind, exc)
             return
+        if isinstance(event, _Partial):
+            obj = _Partial(obj, event.why)
         record = None if kind == 'DELETED' else self._record(key, rv, obj)
         if record is None:
             self.sink.drop_pod(key)
@@ -320,6 +358,8 @@ class ListWatch:
         A server sending nothing but unusable objects must not flood the log.
         """
         self._skips += 1
+        if self.on_skip is not None:
+            self.on_skip('unusable')
         if self._skips == 1:
             LOG.warning(message + ' (the next ones of this answer are logged at debug level)',
                         *args)
@@ -327,13 +367,22 @@ class ListWatch:
             LOG.debug(message, *args)
 
     def _record(self, key, rv, obj):
-        record = self.source.record(obj)
+        """The source's record of ``obj``; of its identity alone when it is a
+        :class:`_Partial` (past the bounds: skipped, counted, logged once)."""
+        too_large = getattr(obj, 'why', None)
+        if too_large is not None and self.on_skip is not None:
+            self.on_skip('too_large')
+        record = self.source.record(obj, too_large)
         error = record.get('error') if record is not None else None
-        if error is None:
+        if error is None and too_large is None:
             self._reported.pop(key, None)
         elif self._reported.get(key) != rv:
             # Relists replay the same version: log each bad version once, not once per relist.
-            LOG.warning('Ignoring the VIFs of %s (resource version %s): %s', key, rv, error)
+            if too_large is not None:
+                LOG.warning('Skipping %s (resource version %s), %s: only its identity was '
+                            'read%s', key, rv, too_large, ' (%s)' % error if error else '')
+            else:
+                LOG.warning('Ignoring the VIFs of %s (resource version %s): %s', key, rv, error)
             self._reported[key] = rv
         return record
 
@@ -485,142 +534,248 @@ def _cut(response):
         response.shutdown()
 
 
+class _Body:
+    """What the parser reads an answer through, with the bytes it read counted.
+
+    ``value_bytes`` counts since the value being decoded began (the decoder
+    zeroes it), ``token_bytes`` since the parser last produced an event (the
+    decoder zeroes it at each, except while it is ``building`` a value: then
+    it checks ``value_bytes`` itself at each value, and so ``value_bytes``
+    past :data:`MAX_EVENT_BYTES` by :data:`MAX_TOKEN_BYTES` means no value
+    came meanwhile). Either way, the parser is buffering one string past
+    :data:`MAX_TOKEN_BYTES`, which no real API server sends, and the answer
+    is cut. ``limit`` (``(max_bytes, Overrun)``) bounds the whole answer.
+    """
+
+    __slots__ = ('_read', '_limit', 'total', 'value_bytes', 'token_bytes', 'building',
+                 'skipping')
+
+    def __init__(self, read, limit=None):
+        self._read = read
+        self._limit = limit
+        self.total = self.value_bytes = self.token_bytes = 0
+        self.building = self.skipping = False
+
+    def read(self, size):
+        if size <= 0:
+            return b''      # ijson's probe of what read() returns, before it reads
+        chunk = self._read(min(size, READ_SIZE))
+        self.total += len(chunk)
+        self.value_bytes += len(chunk)
+        self.token_bytes += len(chunk)
+        if self._limit is not None and self.total > self._limit[0]:
+            raise self._limit[1]
+        if (self.value_bytes > MAX_EVENT_BYTES + MAX_TOKEN_BYTES + 2 * READ_SIZE
+                if self.building else self.token_bytes > MAX_TOKEN_BYTES + READ_SIZE):
+            raise Overrun('object_size', 'one JSON string is larger than %d bytes'
+                          % MAX_TOKEN_BYTES)
+        if self.skipping and self.value_bytes > MAX_SKIPPED_BYTES + READ_SIZE:
+            raise Overrun('object_size', 'one object is larger than %d bytes'
+                          % MAX_SKIPPED_BYTES)
+        return chunk
+
+
+class _Partial(dict):
+    """What was read of an object over a bound: its identity alone, and ``why``."""
+
+    def __init__(self, fields, why):
+        super().__init__(fields)
+        self.why = why
+
+
+class _Decoder:
+    """Builds the JSON values found at one place of a stream of ijson events, each
+    within the bounds on one object: at most :data:`MAX_OBJECT_VALUES` values
+    (its structure, whatever its strings hold), :data:`MAX_DEPTH` levels and
+    :data:`MAX_EVENT_BYTES` bytes.
+
+    A value past a bound is read on without being built: of it, only the
+    scalars at the ``keep`` paths (tuples of keys: its identity) are kept and
+    yielded as a :class:`_Partial`. ``at`` is where the values are: ``()``
+    for the top-level values of a stream, ``('items', ITEM)`` for a list's
+    items. Scalars elsewhere whose path is in ``outside`` are stored there.
+    """
+
+    def __init__(self, body, at, keep, outside=None):
+        self.body = body
+        self.at = at
+        self.keep = frozenset(keep)
+        self.keep_depth = max(map(len, keep), default=0)
+        self.outside = outside if outside is not None else {}
+
+    def values(self, events):
+        body = self.body
+        path = []               # outside the values: the key (or ITEM) of each level
+        for event, value in events:
+            body.token_bytes = 0
+            if event == 'map_key':
+                path[-1] = value
+            elif event in ('end_map', 'end_array'):
+                path.pop()
+            elif len(path) == len(self.at) and tuple(path) == self.at:
+                if event in ('start_map', 'start_array'):
+                    yield self._value(event, events)
+                else:
+                    yield value
+            elif event in ('start_map', 'start_array'):
+                if len(path) == MAX_DEPTH:
+                    raise _Unavailable('the answer nests deeper than %d levels' % MAX_DEPTH)
+                path.append(None if event == 'start_map' else ITEM)
+            elif tuple(path) in self.outside:
+                self.outside[tuple(path)] = value
+
+    def _value(self, first, events):
+        """Build the value ``first`` starts; past a bound, keep its identity only."""
+        body = self.body
+        body.value_bytes, body.building = 0, True
+        root = {} if first == 'start_map' else []
+        containers = [root]     # the open ones
+        # The key (or ITEM) of each open level, to PATH_LEVELS levels: as deep as a value
+        # is built, and deeper than any kept path.
+        path = [None if first == 'start_map' else ITEM]
+        depth, values, why = 1, 1, None
+        # The hot loop: every event of every object goes through it.
+        for event, value in events:
+            if event == 'map_key':
+                path[-1] = value
+                continue
+            if event == 'end_map' or event == 'end_array':
+                path.pop()
+                containers.pop()
+                depth -= 1
+                if depth == 0:
+                    body.building = False
+                    return root
+                continue
+            values += 1
+            parent = containers[-1]
+            if event == 'start_map' or event == 'start_array':
+                value = {} if event == 'start_map' else []
+                if parent.__class__ is dict:
+                    parent[path[-1]] = value
+                else:
+                    parent.append(value)
+                containers.append(value)
+                path.append(None if event == 'start_map' else ITEM)
+                depth += 1
+                if depth > MAX_DEPTH:
+                    why = 'nested deeper than %d levels' % MAX_DEPTH
+                    break
+            elif parent.__class__ is dict:
+                parent[path[-1]] = value
+            else:
+                parent.append(value)
+            if values > MAX_OBJECT_VALUES:
+                why = 'more than %d JSON values' % MAX_OBJECT_VALUES
+                break
+            if body.value_bytes > MAX_EVENT_BYTES + READ_SIZE:
+                why = 'more than %d bytes' % MAX_EVENT_BYTES
+                break
+        else:
+            return root         # the stream ended inside it: the parser raises
+        # Past a bound: read on without building it, keeping its identity.
+        body.building, body.skipping, body.token_bytes = False, True, 0
+        found = {keys: v for keys in self.keep if (v := _scalar_at(root, keys)) is not None}
+        root = containers = None
+        for event, value in events:
+            body.token_bytes = 0
+            if event == 'map_key':
+                if depth <= PATH_LEVELS:
+                    path[-1] = value
+            elif event == 'end_map' or event == 'end_array':
+                if depth <= PATH_LEVELS:
+                    path.pop()
+                depth -= 1
+                if depth == 0:
+                    break
+            elif event == 'start_map' or event == 'start_array':
+                depth += 1
+                if depth <= PATH_LEVELS:
+                    path.append(None if event == 'start_map' else ITEM)
+            elif depth <= self.keep_depth and tuple(path) in self.keep:
+                found[tuple(path)] = value
+        body.skipping = False
+        partial = {}
+        for keys, scalar in found.items():
+            target = partial
+            for key in keys[:-1]:
+                target = target.setdefault(key, {})
+            target[keys[-1]] = scalar
+        return _Partial(partial, 'too large to read: ' + why)
+
+
+ITEM = object()     # the key of an array's members in a decoder's paths
+PATH_LEVELS = MAX_DEPTH + 1
+
+
+def _scalar_at(obj, keys):
+    for key in keys:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj if isinstance(obj, (str, int, float, bool)) else None
+
+
 class _Listing:
     """A list answer, decoded as it arrives: its objects one at a time, and its version.
 
-    ijson's C parser reads the body through :meth:`read` and builds the
-    objects of ``items`` one by one: only the object being built is in
-    memory, held to :data:`MAX_EVENT_BYTES` and :data:`MAX_OBJECT_VALUES`
-    (counted on the raw bytes since the last object ended, as for watch
-    events), and the whole body to ``max_bytes``. ``metadata.resourceVersion``
-    is read from the head of the body, where kube-apiserver writes a typed
-    list's metadata (before its items), or else from its tail, where it
-    writes a custom resource list's (keys in alphabetical order). A body
-    without ``items`` lists nothing, like an empty list: no worse than what
-    any server may answer.
+    ijson's C parser reads the body through a :class:`_Body` (at most
+    ``max_bytes``) and :class:`_Decoder` builds the objects of ``items`` one
+    by one: only the object being built is in memory, held to the bounds on
+    one object; one past them is yielded as its identity (a
+    :class:`_Partial`). ``metadata.resourceVersion`` is read wherever the
+    server writes it: before the items (a typed list) or after them (a
+    custom resource list, keys in alphabetical order). A body without
+    ``items`` lists nothing, like an empty list: no worse than what any
+    server may answer.
     """
 
-    EDGE_BYTES = 64 * 1024          # of the head, and of the tail, kept
-
-    def __init__(self, response, max_bytes, what):
-        self._response = response
-        self._max_bytes = max_bytes
+    def __init__(self, response, max_bytes, what, keep=IDENTITY):
+        self._body = _Body(response.read, (max_bytes, Overrun(
+            'list_bytes', 'the list of %s is larger than %d bytes' % (what, max_bytes))))
         self._what = what
-        self._read = 0
-        self._head = bytearray()
-        self._tail = bytearray()
-        self._pending_bytes = self._pending_values = 0     # since the last object ended
+        self._keep = keep
         self.resource_version = None
-
-    def read(self, size):
-        """What the parser reads the body through."""
-        chunk = self._response.read(min(size, READ_SIZE))
-        self._read += len(chunk)
-        if self._read > self._max_bytes:
-            raise Overrun('list_bytes', 'the list of %s is larger than %d bytes'
-                          % (self._what, self._max_bytes))
-        if len(self._head) < self.EDGE_BYTES:
-            self._head += chunk[:self.EDGE_BYTES - len(self._head)]
-        self._tail += chunk
-        del self._tail[:-self.EDGE_BYTES]
-        self._pending_bytes += len(chunk)
-        self._pending_values += _values_at_most(chunk)
-        if (self._pending_bytes > MAX_EVENT_BYTES + READ_SIZE
-                or self._pending_values > MAX_OBJECT_VALUES):
-            raise _object_too_large('one of the %s listed' % self._what)
-        return chunk
 
     def objects(self):
         """Yield each object of ``items``; raise _Unavailable when the body is no JSON."""
+        version = ('metadata', 'resourceVersion')
+        decoder = _Decoder(self._body, ('items', ITEM), self._keep, {version: None})
         try:
-            for obj in ijson.items(self, 'items.item', buf_size=READ_SIZE, use_float=True):
-                # The parser reads a chunk at a time: the next object began in this one.
-                self._pending_bytes = self._pending_values = 0
-                yield obj
+            yield from decoder.values(ijson.basic_parse(self._body, buf_size=READ_SIZE,
+                                                        use_float=True))
         except ijson.JSONError as exc:
             raise _Unavailable('the list of %s is not JSON: %s'
                                % (self._what, apiclient.clip(' '.join(str(exc).split())))) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise _Unavailable('list of %s broken: %s'
                                % (self._what, str(exc) or type(exc).__name__)) from None
-        self.resource_version = (_head_version(bytes(self._head))
-                                 or _tail_version(bytes(self._tail)))
+        rv = decoder.outside[version]
+        self.resource_version = rv if isinstance(rv, str) and rv else None
 
 
-def _head_version(head):
-    """``metadata.resourceVersion`` of a list, from the head of its body (None: not there)."""
-    with contextlib.suppress(ijson.JSONError):
-        for prefix, event, value in ijson.parse(head):
-            if prefix == 'metadata.resourceVersion' and event == 'string' and value:
-                return value
-            if prefix == 'items':
-                break
-    return None
-
-
-_METADATA_KEY = re.compile(rb'"metadata"\s*:\s*')
-
-
-def _tail_version(tail):
-    """``metadata.resourceVersion`` of a list whose metadata is its last member, from
-    the tail of its body (None: not there)."""
-    start = tail.rfind(b'"metadata"')
-    found = _METADATA_KEY.match(tail, start) if start >= 0 else None
-    if found is None:
-        return None
-    text = tail[found.end():].decode('utf-8', errors='replace')
+def _events(response, keep=IDENTITY):
+    """Yield the decoded events of a watch stream (JSON objects, one a line), each held
+    to the bounds on one object: one past them as its type and identity (a
+    :class:`_Partial`)."""
+    # amt bounds each read: without it, urllib3 reads a whole HTTP chunk at
+    # once, however large the server says it is.
+    pieces = response.stream(amt=READ_SIZE)
+    body = _Body(lambda size: next(pieces, b''))
+    keep = [('type',)] + [('object',) + path for path in keep]
     try:
-        meta, end = json.JSONDecoder().raw_decode(text)
-    except ValueError:
-        return None
-    if text[end:].strip() != '}' or not isinstance(meta, dict):
-        return None         # not the last member of the list itself
-    rv = meta.get('resourceVersion')
-    return rv if isinstance(rv, str) and rv else None
-
-
-def _values_at_most(data):
-    """An upper bound of the JSON values in ``data``: what decoding it may cost."""
-    return data.count(b',') + data.count(b'{') + data.count(b'[')
-
-
-def _object_too_large(what):
-    return Overrun('object_size', '%s is larger than %d bytes or %d JSON values'
-                   % (what, MAX_EVENT_BYTES, MAX_OBJECT_VALUES))
-
-
-def _events(response):
-    """Yield the decoded events of a watch stream, one JSON object per line."""
-    pending = bytearray()
-    try:
-        # amt bounds each read: without it, urllib3 reads a whole HTTP chunk at
-        # once, however large the server says it is.
-        for data in response.stream(amt=READ_SIZE):
-            pending += data
-            while (end := pending.find(b'\n')) >= 0:
-                line = bytes(pending[:end])
-                del pending[:end + 1]
-                if line.strip():
-                    yield _decode_event(line)
-            if len(pending) > MAX_EVENT_BYTES:
-                raise _object_too_large('a watch event')
+        for event in _Decoder(body, (), keep).values(
+                ijson.basic_parse(body, buf_size=READ_SIZE, use_float=True,
+                                  multiple_values=True)):
+            if not isinstance(event, dict):
+                raise _Unavailable('watch event is not an object: %r'
+                                   % apiclient.clip(repr(event)))
+            yield event
+    except ijson.JSONError as exc:
+        raise _Unavailable('undecodable watch event: %s'
+                           % apiclient.clip(' '.join(str(exc).split()))) from None
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise _Unavailable('watch stream broken: %s' % (str(exc) or type(exc).__name__)) from None
-    if pending.strip():
-        yield _decode_event(bytes(pending))
-
-
-def _decode_event(line):
-    # Counted before decoding what could cost 25 times its size.
-    if _values_at_most(line) > MAX_OBJECT_VALUES:
-        raise _object_too_large('a watch event')
-    try:
-        event = json.loads(line)
-    except ValueError:
-        raise _Unavailable('undecodable watch event %r' % line[:200]) from None
-    if not isinstance(event, dict):
-        raise _Unavailable('watch event is not an object: %r' % line[:200])
-    return event
 
 
 def _resource_version(obj):

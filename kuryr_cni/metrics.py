@@ -42,6 +42,10 @@ SERVICES = ('watcher', 'cni-worker', 'ops')     # kuryr_cni.daemon.main's childr
 SERVERS = ('cni', 'health', 'metrics')          # kuryr_cni.daemon.server instances, by name
 DROP_REASONS = ('peer_uid', 'head_timeout', 'request_timeout', 'write_timeout', 'evicted')
 WATCH_LIMITS = ('list_bytes', 'list_time', 'object_size', 'object_count', 'watch_time')
+# kube-apiserver's watch event types; any other is counted as 'other' (a label per
+# type a server makes up would grow the metric without bound).
+WATCH_EVENT_TYPES = ('ADDED', 'MODIFIED', 'DELETED', 'BOOKMARK', 'ERROR', 'other')
+WATCH_SKIPS = ('too_large', 'unusable')
 
 
 # The daemon's metric set (DESIGN 4.4); doc/source/operations.rst lists it for
@@ -72,8 +76,11 @@ SPECS = (
          'Answers of the API server cut short for exceeding a limit of the watcher, by '
          'limit.', ('limit',), known=(WATCH_LIMITS,)),
     Spec('watch_events', 'counter', 'kuryr_cni_watch_events_total',
-         'Watch events received, by type.', ('type',),
-         known=(('ADDED', 'MODIFIED', 'DELETED', 'BOOKMARK', 'ERROR'),)),
+         'Watch events received, by type.', ('type',), known=(WATCH_EVENT_TYPES,)),
+    Spec('watch_skips', 'counter', 'kuryr_cni_watch_objects_skipped_total',
+         'Listed or watched objects skipped, by reason: too large to read (only their '
+         'identity was) or unusable (no name, UID or version).', ('reason',),
+         known=(WATCH_SKIPS,)),
     Spec('worker_restarts', 'counter', 'kuryr_cni_worker_restarts_total',
          'Daemon child processes that died and were replaced, by service.', ('service',),
          known=(SERVICES,)),
@@ -191,6 +198,11 @@ def watch_limit_exceeded(limit):
 def watch_event(event_type):
     if _m:
         _m.watch_events.labels(event_type).inc()
+
+
+def watch_object_skipped(reason):
+    if _m:
+        _m.watch_skips.labels(reason).inc()
 
 
 def worker_restarted(service):

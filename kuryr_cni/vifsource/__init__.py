@@ -20,26 +20,50 @@ def error_text(exc):
     return '%s: %s' % (exc.msg, exc.details) if exc.details else exc.msg
 
 
+# What is asked of pods: their metadata alone (PartialObjectMetadata, which
+# kube-apiserver serves since 1.15), so that the bounds of the watch are about
+# what is read, never about a container's env or command line; and only those
+# of the node not yet terminated (Succeeded and Failed pods keep their node
+# until the pod GC deletes them, 12,500 of them cluster-wide by default).
+METADATA_LIST = 'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1'
+METADATA_WATCH = 'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1'
+NOT_TERMINATED = 'status.phase!=Succeeded,status.phase!=Failed'
+
+
 class NodePods:
     """The pods of one node, as a source: subclasses say what record each one makes.
 
-    The list is by field selector (``spec.nodeName``), so that the API server
-    sends no other node's pod (and dispatches their events to no other watch);
-    a pod of another node that comes anyway is no record (None).
+    The list is by field selector (``spec.nodeName``, and not terminated), so
+    that the API server sends no other node's pod (and dispatches their
+    events to no other watch), nor the node's finished ones, whose network is
+    gone; a pod leaving the selection (finishing) is a deletion to the
+    watch. Only their metadata is asked for: a full pod that comes anyway
+    (a server ignoring the request) and whose spec names another node is no
+    record (None); a metadata-only one is vouched for by the field selector.
     """
+
+    keep = (('spec', 'nodeName'),)      # of a pod past the watch's bounds, besides its identity
 
     def __init__(self, api_client, node_name):
         self.node_name = node_name
         self.what = 'pods of node %s' % node_name
-        self.request = functools.partial(
+        self._list = functools.partial(
             client.CoreV1Api(api_client).list_pod_for_all_namespaces,
-            field_selector='spec.nodeName=%s' % node_name)
+            field_selector='spec.nodeName=%s,%s' % (node_name, NOT_TERMINATED))
 
-    def record(self, pod):
-        spec = pod.get('spec')
-        if not isinstance(spec, dict) or spec.get('nodeName') != self.node_name:
-            return None
-        return self.pod_record(pod)
+    def request(self, watch=None, **kwargs):
+        # The JSON of the whole pod last: what kube-apiserver falls back to if it must.
+        accept = METADATA_WATCH if watch else METADATA_LIST
+        return self._list(watch=watch, _headers={'Accept': accept + ',application/json'},
+                          **kwargs)
 
-    def pod_record(self, pod):
+    def record(self, pod, too_large=None):
+        """The record of ``pod``; ``too_large`` (why) when only its identity was read."""
+        if 'spec' in pod:
+            spec = pod['spec']
+            if not isinstance(spec, dict) or spec.get('nodeName') != self.node_name:
+                return None
+        return self.pod_record(pod, too_large)
+
+    def pod_record(self, pod, too_large):
         raise NotImplementedError

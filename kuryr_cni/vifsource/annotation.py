@@ -13,11 +13,14 @@ class PodAnnotations(vifsource.NodePods):
     error, deleting}``: ``vifs`` the parsed annotation (``{ifname: VIF
     dict}``, empty while there is none), ``error`` why an annotation is
     unusable (then ``vifs`` is empty), ``deleting`` whether the pod is being
-    deleted.
+    deleted. A pod too large to read (``too_large``) has that ``error``.
     """
 
-    def pod_record(self, pod):
+    def pod_record(self, pod, too_large):
         meta = pod['metadata']
+        if too_large is not None:
+            return {'uid': meta['uid'], 'vifs': {}, 'error': 'the pod is %s' % too_large,
+                    'deleting': bool(meta.get('deletionTimestamp'))}
         annotations = meta.get('annotations')
         text = annotations.get(vifmod.ANNOTATION) if isinstance(annotations, dict) else None
         vifs, error = {}, None

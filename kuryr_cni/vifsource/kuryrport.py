@@ -44,8 +44,11 @@ class KuryrPorts:
     static pod's ``uid`` is None: its mirror pod's UID in the API never
     matches the kubelet's, so the UID fence is skipped for it. A KuryrPort
     without ``spec.podUid`` or with unusable VIFs is an error record; one of
-    another node is no record (None).
+    another node is no record (None), and one too large to read
+    (``too_large``) an error record.
     """
+
+    keep = (('metadata', 'labels', NODE_LABEL), ('spec', 'podUid'), ('spec', 'podStatic'))
 
     def __init__(self, api_client, node_name):
         self.node_name = node_name
@@ -55,7 +58,7 @@ class KuryrPorts:
             group=GROUP, version=VERSION, plural=PLURAL,
             label_selector='%s=%s' % (NODE_LABEL, node_name))
 
-    def record(self, port):
+    def record(self, port, too_large=None):
         labels = port['metadata'].get('labels')
         if not isinstance(labels, dict) or labels.get(NODE_LABEL) != self.node_name:
             return None
@@ -67,6 +70,8 @@ class KuryrPorts:
         try:
             if not static and (not isinstance(uid, str) or not uid):
                 raise errors.InvalidVIF('KuryrPort has no spec.podUid')
+            if too_large is not None:
+                raise errors.InvalidVIF('the KuryrPort is %s' % too_large)
             vifs = {ifname: v.to_dict()
                     for ifname, v in osvif.parse_status_vifs(status.get('vifs')).items()}
         except errors.InvalidVIF as exc:
@@ -79,11 +84,12 @@ class PodPresence(vifsource.NodePods):
     """This node's pods, for their existence alone.
 
     Reads of each pod ``metadata.uid`` and ``metadata.deletionTimestamp``, and
-    reports ``{uid, deleting}``. Annotations are not read: with this source
-    they carry nothing.
+    reports ``{uid, deleting}``, even of a pod too large to read whole: that
+    is its identity. Annotations are not read: with this source they carry
+    nothing.
     """
 
-    def pod_record(self, pod):
+    def pod_record(self, pod, too_large):
         meta = pod['metadata']
         return {'uid': meta['uid'], 'deleting': bool(meta.get('deletionTimestamp'))}
 

@@ -40,7 +40,8 @@ def test_add_check_del_through_the_real_shim(cluster, node, runtime):
     assert ' 403 ' not in node.daemon_log() and 'Forbidden' not in node.daemon_log()
     watches = cluster.daemon_requests(since, resource='pods')
     assert [r['verb'] for r in watches] == ['list', 'watch']
-    assert k8s.query(watches[1])['fieldSelector'] == 'spec.nodeName=' + node.name
+    assert k8s.query(watches[1])['fieldSelector'] == (
+        'spec.nodeName=%s,status.phase!=Succeeded,status.phase!=Failed' % node.name)
 
 
 def test_an_add_that_times_out_creates_its_event(cluster, node, runtime):

@@ -7,13 +7,19 @@ server without the watch cache serves watches from etcd, which answers 410
 only for versions compacted away. Both are exercised here.
 """
 
+import http.client
+import json
+import ssl
+
 import pytest
 
+from kuryr_cni import vifsource
 from tests import wait
 from tests.functional import crash
 from tests.functional import helpers
 from tests.k8s import cluster as k8s
 from tests.k8s import conftest
+from tools.testbed import apiserver
 from tools.testbed import host as testhost
 
 
@@ -115,3 +121,81 @@ def test_a_compaction_past_its_version_relists_exactly_once(etcd_served):
         assert cluster.refused(since) == []
     finally:
         node.close()
+
+
+POISON_BYTES = 1400 * 1024     # a pod this large still fits etcd's 1.5 MiB
+
+
+def test_the_real_server_sends_live_pods_metadata_alone_so_a_poison_pod_is_harmless(
+        cluster, node, runtime):
+    """kube-apiserver 1.20 honours what the watch asks: metadata alone, not terminated."""
+    node.start_daemon(vif_timeout=20)
+    cluster.create_pod('default', 'finished-1', node.name)
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_watch_events_total',
+                                      type='ADDED') == 1, 20, 'the pod to be seen')
+    received = node.counters()[0]
+    poison = {'apiVersion': 'v1', 'kind': 'Pod',
+              'metadata': {'name': 'commas-1', 'namespace': 'default'},
+              'spec': {'nodeName': node.name, 'containers': [
+                  {'name': 'main', 'image': 'registry.k8s.io/pause:3.9',
+                   'env': [{'name': 'X', 'value': ',' * POISON_BYTES}]}]}}
+    cluster.call(cluster.core.create_namespaced_pod, 'default', poison)
+    # kubelet's report of a container that failed: the pod leaves the watch's selection.
+    cluster.call(cluster.core.patch_namespaced_pod_status, 'finished-1', 'default',
+                 {'status': {'phase': 'Failed'}})
+    pod = cluster.create_pod('default', 'after-commas-1', node.name, testhost.Host.vifs(5))
+    outcome = runtime.add(node.sandbox(pod))
+    assert outcome.ok, outcome
+
+    # The poison pod's env never crossed the node's link: its metadata alone did.
+    assert node.counters()[0] - received < POISON_BYTES / 4
+    assert helpers.metric(node, 'kuryr_cni_watch_events_total', type='ADDED') == 3
+    assert helpers.metric(node, 'kuryr_cni_watch_events_total', type='DELETED') == 1
+    assert helpers.metric(node, 'kuryr_cni_watch_limit_exceeded_total',
+                          limit='object_size') == 0
+    assert ready(node)
+
+
+def _ask(address, path, accept, token, ca_file=None):
+    """``(status, body)`` of one GET with this ``Accept``, over HTTPS when ``ca_file``."""
+    if ca_file:
+        conn = http.client.HTTPSConnection(*address, timeout=10,
+                                           context=ssl.create_default_context(cafile=ca_file))
+    else:
+        conn = http.client.HTTPConnection(*address, timeout=10)
+    try:
+        conn.request('GET', path, headers={'Accept': accept, 'Authorization': 'Bearer ' + token})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _metadata_answers(ask, node):
+    """The shapes of what the watch's requests for metadata alone get."""
+    selected = '/api/v1/pods?fieldSelector=spec.nodeName%3D' + node
+    status, body = ask(selected, vifsource.METADATA_LIST + ',application/json')
+    listed = json.loads(body)
+    (item,) = listed['items']
+    refused = ask(selected, vifsource.METADATA_WATCH + ',application/json')
+    _, stream = ask(selected + '&watch=1&timeoutSeconds=1', vifsource.METADATA_WATCH)
+    (event,) = [json.loads(line) for line in stream.splitlines()]
+    return {'list': (status, listed['kind'], listed['apiVersion'], sorted(listed)),
+            'item': (item['kind'], item['apiVersion'], sorted(item),
+                     {k: item['metadata'][k] for k in ('name', 'namespace')}),
+            'list asked for as one object': (refused[0], json.loads(refused[1])),
+            'watch event': (event['type'], event['object']['kind'],
+                            event['object']['apiVersion'], sorted(event['object']))}
+
+
+def test_the_stand_in_serves_metadata_alone_as_kube_apiserver_does(cluster):
+    node = 'metadata-node'
+    cluster.create_pod('default', 'metadata-1', node)
+    token = cluster.token('admin')
+    real = _metadata_answers(lambda path, accept: cluster.call(
+        _ask, (cluster.address, cluster.port), path, accept, token, cluster.ca_file), node)
+    with apiserver.APIServer(token=token) as standin:
+        standin.create_pod('default', 'metadata-1', node)
+        ours = _metadata_answers(lambda path, accept: _ask(standin.address, path, accept, token),
+                                 node)
+    assert ours == real

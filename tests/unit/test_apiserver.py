@@ -451,3 +451,32 @@ def test_error_statuses_carry_the_details_the_real_server_sends(server):
     assert raw(server, 'PUT', '/api/v1/pods') == (
         405, apiserver.status_object(405, 'MethodNotAllowed', 'the server does not allow this '
                                      'method on the requested resource', {}))
+
+
+METADATA_LIST = 'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1'
+METADATA = 'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1'
+
+
+def test_metadata_alone_when_asked_for_as_kube_apiserver_answers_it(server, core):
+    pod = server.create_pod('default', 'a', NODE, labels={'app': 'web'})
+    server.create_pod('default', 'b', 'node-2')
+    selected = '/api/v1/pods?fieldSelector=spec.nodeName%3D' + NODE
+    status, listed = raw(server, 'GET', selected, {'Accept': METADATA_LIST + ',application/json'})
+    assert (status, listed) == (200, {
+        'kind': 'PartialObjectMetadataList', 'apiVersion': 'meta.k8s.io/v1',
+        'metadata': {'resourceVersion': server.resource_version},
+        'items': [{'kind': 'PartialObjectMetadata', 'apiVersion': 'meta.k8s.io/v1',
+                   'metadata': pod['metadata']}]})
+    # A list asked for as one object is refused, whatever follows in the header.
+    status, refused = raw(server, 'GET', selected, {'Accept': METADATA + ',application/json'})
+    assert (status, refused['reason'], refused['message']) == (
+        406, 'NotAcceptable', 'you requested PartialObjectMetadata, but the requested object '
+                              'is a list (*core.PodList)')
+
+    (event,) = raw_watch_lines(core, field_selector='spec.nodeName=' + NODE, timeout_seconds=1,
+                               _headers={'Accept': METADATA})
+    assert event == {'type': 'ADDED', 'object': {'kind': 'PartialObjectMetadata',
+                                                 'apiVersion': 'meta.k8s.io/v1',
+                                                 'metadata': pod['metadata']}}
+    assert raw_watch_lines(core, field_selector='spec.nodeName=' + NODE, timeout_seconds=1,
+                           _headers={'Accept': METADATA_LIST}) == []

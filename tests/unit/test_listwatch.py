@@ -19,8 +19,10 @@ import pytest
 
 from kuryr_cni import apiclient
 from kuryr_cni import listwatch
+from kuryr_cni import metrics
 from kuryr_cni import vif as vifmod
 from kuryr_cni.vifsource import annotation
+from kuryr_cni.vifsource import kuryrport
 from tools.testbed import apiserver
 
 pytestmark = pytest.mark.usefixtures('no_leftover_threads')
@@ -105,7 +107,7 @@ class Harness:
     """A list+watch running in a thread, with its sink, callback counts and a timeline of
     its restarts and backoff waits."""
 
-    def __init__(self, server, token_file=None, **kwargs):
+    def __init__(self, server, token_file=None, source=annotation.PodAnnotations, **kwargs):
         self.server = server
         self.sink = Sink()
         self.restarts = []
@@ -115,7 +117,9 @@ class Harness:
         self.api = apiclient.make_api_client(api_root=server.url, token_file=token_file)
         kwargs.setdefault('watch_timeout', 300)
         kwargs.setdefault('backoff_max', 0.2)
-        self.watcher = listwatch.ListWatch(annotation.PodAnnotations(self.api, NODE), self.sink,
+        self.skipped = collections.Counter()
+        kwargs.setdefault('on_skip', self._skip)
+        self.watcher = listwatch.ListWatch(source(self.api, NODE), self.sink,
                                            on_restart=self._restarted, on_event=self._event,
                                            on_activity=self._active, **kwargs)
         self.stop_event = RecordingStop(self.timeline, self.sink.cond)
@@ -130,6 +134,11 @@ class Harness:
     def _active(self):
         with self.sink.cond:
             self.activity += 1
+            self.sink.cond.notify_all()
+
+    def _skip(self, reason):
+        with self.sink.cond:
+            self.skipped[reason] += 1
             self.sink.cond.notify_all()
 
     def _event(self, kind):
@@ -198,7 +207,7 @@ def test_initial_list_fills_the_sink_with_this_nodes_pods(server, run):
         'other/b': {'uid': 'uid-b', 'vifs': {}, 'error': None, 'deleting': False},
     }
     (listed,) = h.lists()
-    assert listed.query['fieldSelector'] == 'spec.nodeName=' + NODE
+    assert listed.query['fieldSelector'].startswith('spec.nodeName=%s,' % NODE)
     assert listed.query['resourceVersion'] == '0'      # any version: the watch cache serves it
     watched = h.wait_for_watch(lambda r: True, 'the watch')
     assert watched.query['resourceVersion'] == server.resource_version
@@ -686,3 +695,188 @@ def test_tokens_are_blanked_out_of_what_is_logged(caplog):
         log.info('server said: %s', 'Authorization: Bearer s3cr3t-token-value')
     assert caplog.records[0].getMessage() == 'server said: Authorization: Bearer <redacted>'
     assert apiclient.clip('x s3cr3t-token-value') == 'x <redacted>'
+
+
+# One tenant's pod cannot wedge the node's watch (issue 31, hole 1) ----------------------
+
+POISON_COMMAS = 270 * 1000     # one env value of commas: the issue's probe
+
+
+def pod_json(name, rv, *, env_value='', annotations=None, phase='Running'):
+    """A pod of the node as the API server writes it, with one env value."""
+    return {'kind': 'Pod', 'apiVersion': 'v1',
+            'metadata': {'name': name, 'namespace': 'default', 'uid': 'uid-' + name,
+                         'resourceVersion': str(rv), 'annotations': annotations or {}},
+            'spec': {'nodeName': NODE, 'containers': [
+                {'name': 'main', 'image': 'pause', 'env': [{'name': 'X', 'value': env_value}]}]},
+            'status': {'phase': phase}}
+
+
+class Stream:
+    """A watch response's ``stream`` over the given bytes, a few KiB at a time."""
+
+    def __init__(self, data, piece=4096):
+        self.data, self.piece = data, piece
+
+    def stream(self, amt):
+        for start in range(0, len(self.data), min(amt, self.piece)):
+            yield self.data[start:start + min(amt, self.piece)]
+
+
+class Body:
+    """A list response's ``read`` over the given bytes."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def read(self, size):
+        chunk, self.data = self.data[:size], self.data[size:]
+        return chunk
+
+
+def list_body(*pods):
+    return json.dumps({'kind': 'PodList', 'apiVersion': 'v1',
+                       'metadata': {'resourceVersion': '99'}, 'items': list(pods)}).encode()
+
+
+def test_commas_inside_a_string_are_one_value_not_an_overrun():
+    poison = pod_json('poison', 5, env_value=',' * POISON_COMMAS)
+    line = json.dumps({'type': 'ADDED', 'object': poison}).encode() + b'\n'
+
+    (event,) = list(listwatch._events(Stream(line)))
+    assert event['object']['spec']['containers'][0]['env'][0]['value'] == ',' * POISON_COMMAS
+    assert not getattr(event, 'why', None)
+    listing = listwatch._Listing(Body(list_body(poison, pod_json('b', 6))), 1 << 26, 'pods')
+    assert [p['metadata']['name'] for p in listing.objects()] == ['poison', 'b']
+    assert listing.resource_version == '99'
+
+
+def test_a_poison_pod_does_not_stop_the_pod_presence_feed(server, run):
+    h = run(source=kuryrport.PodPresence)
+    server.create('pods', pod_json('poison', 0, env_value=',' * POISON_COMMAS))
+    server.create_pod('default', 'after', NODE, uid='uid-after')
+    h.sink.wait_for(lambda s: 'default/after' in s.pods, 'the pod after the poison one')
+    assert h.sink.pods['default/poison'] == {'uid': 'uid-poison', 'deleting': False}
+    assert h.restarts == []
+
+
+# An object over the bounds, counting its structure: 300k annotations in its metadata.
+TOO_MANY = listwatch.MAX_OBJECT_VALUES + 1000
+
+
+def oversize_pod(name, rv=0):
+    return pod_json(name, rv, annotations={'k%d' % i: '' for i in range(TOO_MANY)})
+
+
+def test_an_object_over_the_bounds_is_read_for_its_identity_and_skipped():
+    deep = pod_json('deep', 7)
+    nested = {}
+    for _ in range(listwatch.MAX_DEPTH + 10):
+        nested = {'x': nested}
+    deep['metadata']['annotations'] = nested
+    body = list_body(pod_json('a', 5), oversize_pod('big', 6), deep, pod_json('b', 8))
+    keep = listwatch.IDENTITY + annotation.PodAnnotations.keep
+    listing = listwatch._Listing(Body(body), 1 << 26, 'pods', keep)
+    objects = list(listing.objects())
+
+    assert [o['metadata']['name'] for o in objects] == ['a', 'big', 'deep', 'b']
+    assert [bool(getattr(o, 'why', None)) for o in objects] == [False, True, True, False]
+    big = objects[1]
+    assert big == {'metadata': {'name': 'big', 'namespace': 'default', 'uid': 'uid-big',
+                                'resourceVersion': '6'}, 'spec': {'nodeName': NODE}}
+    assert 'JSON values' in big.why and 'nested deeper' in objects[2].why
+    assert listing.resource_version == '99'
+
+    line = json.dumps({'type': 'MODIFIED', 'object': oversize_pod('big', 9)}).encode()
+    events = list(listwatch._events(Stream(line + b'\n' + line.replace(b'"9"', b'"10"'))))
+    assert [(e['type'], e['object']['metadata']['resourceVersion']) for e in events] == [
+        ('MODIFIED', '9'), ('MODIFIED', '10')]
+    assert all(e.why for e in events)
+
+
+def test_an_oversize_pod_gets_an_error_record_and_the_feed_moves_past_it(server, run, caplog):
+    caplog.set_level(logging.WARNING, logger='kuryr_cni.listwatch')
+    server.create('pods', oversize_pod('listed'))
+    h = run()
+    assert 'too large' in h.sink.pods['default/listed']['error']
+    poison = server.create('pods', oversize_pod('watched'))
+    server.create_pod('default', 'after', NODE, uid='uid-after')
+    h.sink.wait_for(lambda s: 'default/after' in s.pods, 'the pod after the poison one')
+
+    record = h.sink.pods['default/watched']
+    assert record['vifs'] == {} and 'too large' in record['error']
+    assert record['uid'] == poison['metadata']['uid']
+    assert h.skipped['too_large'] == 2 and h.restarts == []
+    assert len(h.lists()) == 1          # never relisted, never resumed before it
+    told = [r for r in caplog.records if 'default/watched' in r.getMessage()]
+    assert len(told) == 1
+    server.delete_pod('default', 'watched')
+    h.sink.wait_for(lambda s: 'default/watched' not in s.pods, 'its deletion')
+
+
+def test_terminal_pods_are_not_listed(server, run):
+    for index in range(30):       # Failed and Succeeded pods keep their node
+        server.create('pods', pod_json('done-%d' % index, 0,
+                                       phase=('Failed', 'Succeeded')[index % 2]))
+    server.create('pods', pod_json('running', 0))
+    h = run(max_objects=10)
+    assert set(h.sink.pods) == {'default/running'}
+    (listed,) = h.lists()
+    assert listed.query['fieldSelector'] == (
+        'spec.nodeName=%s,status.phase!=Succeeded,status.phase!=Failed' % NODE)
+    server.update_pod('default', 'running', phase='Failed')
+    h.sink.wait_for(lambda s: not s.pods, 'the pod gone once Failed')
+
+
+@pytest.mark.parametrize('source', [annotation.PodAnnotations, kuryrport.PodPresence])
+def test_pods_are_read_for_their_metadata_only(server, run, source):
+    big_env = 'x' * (1400 * 1024)           # what a 1.4 MiB pod holds
+    for index in range(5):
+        server.create('pods', pod_json('big-%d' % index, 0, env_value=big_env))
+    h = run(source=source, list_max_bytes=4 * 1024 * 1024)
+    assert len(h.sink.pods) == 5
+    server.create('pods', pod_json('big-5', 0, env_value=big_env))
+    h.sink.wait_for(lambda s: len(s.pods) == 6, 'the sixth')
+    (listed,) = h.lists()
+    assert listed.headers['accept'].startswith(
+        'application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1')
+    watched = h.wait_for_watch(lambda r: True, 'the watch')
+    assert watched.headers['accept'].startswith(
+        'application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1')
+
+
+# The watch event type is a metric label (issue 31, hole 4) ------------------------------
+
+def test_unknown_event_types_are_counted_as_other():
+    api = apiclient.make_api_client(api_root='http://127.0.0.1:9')
+    seen = collections.Counter()
+    w = listwatch.ListWatch(annotation.PodAnnotations(api, NODE), Sink(),
+                            on_event=lambda kind: seen.update([kind]))
+    api.close()
+    for index in range(500):
+        w._handle({'type': 'TYPE-%d' % index, 'object': {}})
+    w._handle({'type': 'BOOKMARK', 'object': {'metadata': {'resourceVersion': '3'}}})
+    assert set(seen) <= set(listwatch.EVENT_TYPES) | {'other'}
+    assert seen['other'] == 500
+    # ... which are the metric's label values, created at start.
+    assert metrics.WATCH_EVENT_TYPES == listwatch.EVENT_TYPES + ('other',)
+    assert metrics.WATCH_SKIPS == listwatch.SKIPS
+
+
+def test_what_no_real_server_sends_cuts_the_answer(monkeypatch):
+    monkeypatch.setattr(listwatch, 'MAX_OBJECT_VALUES', 1000)
+    monkeypatch.setattr(listwatch, 'MAX_SKIPPED_BYTES', 256 * 1024)
+    head = b'{"type":"ADDED","object":{"metadata":{"name":"x"},"a":['
+    # An object read for its identity alone, going on past what any real server sends ...
+    endless = Stream(head + b'{},' * (listwatch.MAX_SKIPPED_BYTES // 3 + 50000))
+    with pytest.raises(listwatch.Overrun) as caught:
+        list(listwatch._events(endless))
+    assert caught.value.limit == 'object_size' and 'one object is larger' in str(caught.value)
+    # ... one string the parser would hold whole ...
+    string = Stream(b'{"type":"ADDED","object":{"a":"' + b'x' * (10 * 1024 * 1024))
+    with pytest.raises(listwatch.Overrun) as caught:
+        list(listwatch._events(string))
+    assert 'one JSON string is larger' in str(caught.value)
+    # ... and a list nested without end around its items.
+    with pytest.raises(listwatch._Unavailable, match='nests deeper'):
+        list(listwatch._Listing(Body(b'{"x":' + b'[' * 100000), 1 << 26, 'pods').objects())

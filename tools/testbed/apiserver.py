@@ -5,8 +5,10 @@ It speaks enough of the REST list/watch protocol over HTTP/1.1 that the official
 (on the fields kube-apiserver supports for the resource) and label selectors,
 chunked watch streams that replay from a resourceVersion, ``410 Gone`` (an
 ``ERROR`` event, as the real server sends) once the history has been compacted,
-``BOOKMARK`` events and ``timeoutSeconds``. It serves pods, Events and KuryrPort
-custom resources (``openstack.org/v1``).
+``BOOKMARK`` events and ``timeoutSeconds``, and the metadata alone of lists
+and watches that ask for it (``Accept: application/json;as=PartialObjectMetadata
+[List];g=meta.k8s.io;v=v1``). It serves pods, Events and KuryrPort custom
+resources (``openstack.org/v1``).
 
 Its answers were checked against kube-apiserver 1.20.2 (``tests/k8s``), with
 which it agrees on status codes, Status bodies, the 410 event, bookmarks (one
@@ -279,6 +281,47 @@ def _parse_timeout(value):
         raise APIError(400, 'BadRequest', 'strconv.ParseInt: parsing "%s": invalid syntax'
                        % value) from None
     return seconds if seconds > 0 else None
+
+
+METADATA_GROUP_VERSION = 'meta.k8s.io/v1'
+JSON = 'application/json'
+
+
+def _representation(accept, resource, is_list):
+    """What an ``Accept`` header asks of a list of ``resource`` (``is_list``) or of
+    the objects of a watch: ``None`` for the objects themselves,
+    ``'PartialObjectMetadata'`` (or ``...List``) for their metadata alone.
+
+    As kube-apiserver 1.20 does: the first media type it can serve wins (a
+    fallback after it is never used); a list asked for as one object is 406
+    Not Acceptable, and a watch asking for lists gets an empty stream (the
+    caller's part).
+    """
+    for media in (accept or JSON).split(','):
+        kind, *params = [part.strip() for part in media.split(';')]
+        options = dict(p.partition('=')[::2] for p in params)
+        if kind not in (JSON, 'application/*', '*/*'):
+            continue
+        wanted = options.get('as')
+        if wanted is None:
+            return None
+        if (options.get('g'), options.get('v')) != ('meta.k8s.io', 'v1') or \
+                wanted not in ('PartialObjectMetadata', 'PartialObjectMetadataList'):
+            continue
+        if is_list and wanted == 'PartialObjectMetadata':
+            raise APIError(406, 'NotAcceptable', 'you requested PartialObjectMetadata, but '
+                           'the requested object is a list (*%s)' % (
+                               'core.%sList' % resource.kind if resource.prefix == '/api/v1'
+                               else 'unstructured.UnstructuredList'))
+        return wanted
+    raise APIError(406, 'NotAcceptable', 'only the following media types are accepted: '
+                   'application/json, application/yaml, application/vnd.kubernetes.protobuf')
+
+
+def _as_metadata(obj):
+    """``obj`` as PartialObjectMetadata: its kind and metadata alone."""
+    return {'kind': 'PartialObjectMetadata', 'apiVersion': METADATA_GROUP_VERSION,
+            'metadata': obj['metadata']}
 
 
 def _pod_object(namespace, name, node, annotations, uid, labels):
@@ -847,7 +890,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if method == 'GET' and name is None:
             selector = Selector(resource, namespace, query.get('fieldSelector'),
                                 query.get('labelSelector'))
-            return 200, api._list(resource, selector, _parse_version(query.get('resourceVersion')))
+            listed = api._list(resource, selector, _parse_version(query.get('resourceVersion')))
+            if _representation(self.headers.get('Accept'), resource, True) is not None:
+                listed = {'kind': 'PartialObjectMetadataList',
+                          'apiVersion': METADATA_GROUP_VERSION, 'metadata': listed['metadata'],
+                          'items': [_as_metadata(obj) for obj in listed['items']]}
+            return 200, listed
         if method == 'GET':
             obj = api.get(namespace, name, resource.plural)
             if obj is None:
@@ -867,6 +915,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         since = _parse_version(query.get('resourceVersion'))
         timeout = _parse_timeout(query.get('timeoutSeconds'))
         bookmarks = _truthy(query.get('allowWatchBookmarks'))
+        metadata_only = _representation(self.headers.get('Accept'), resource, False)
         try:
             initial, cursor, epoch = api._open_watch(resource, selector, since)
         except _Gone as gone:
@@ -882,6 +931,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header('Transfer-Encoding', 'chunked')
         self.end_headers()
         for event in events:
+            if metadata_only == 'PartialObjectMetadataList':
+                break           # kube-apiserver cannot encode an object as a list: it ends
+            if metadata_only and event['type'] != 'ERROR':
+                event = dict(event, object=_as_metadata(event['object']))
             data = json.dumps(event).encode() + b'\n'
             # One event per chunk: clients read chunk by chunk and must not wait for more.
             self.wfile.write(b'%x\r\n%s\r\n' % (len(data), data))
