@@ -83,7 +83,6 @@ class Worker:
         self.outcome = None                 # ('ok', value) | ('error', exception) | ('crash', None)
         self.parked_on = None               # (key, counter seen) while parked in a wait
         self._go = threading.Event()
-        self._thread = None
 
     # Life and death ------------------------------------------------------------------
 
@@ -124,27 +123,15 @@ class Scheduler:
 
     def start(self, worker, fn):
         """Run ``fn()`` as ``worker`` until it parks or ends; returns the worker."""
-        def body():
-            _current.worker = worker
-            worker._go.wait()
-            try:
-                worker.alive()
-                worker.outcome = ('ok', fn())
-            except Crash:
-                worker.outcome = ('crash', None)
-            except BaseException as exc:   # noqa: B902 - reported to the test's thread
-                worker.outcome = ('error', exc)
-            finally:
-                worker.die()        # its descriptors go with the thread (none should be left)
-                with self._turn:
-                    self._turn.notify_all()
-
-        worker._thread = threading.Thread(target=body, name='worker-' + worker.name,
-                                          daemon=True)
         self.workers.append(worker)
-        worker._thread.start()
+        _Thread.take().jobs.append((self, worker, fn))
         self._resume(worker)
         return worker
+
+    def _ended(self, worker, outcome):
+        with self._turn:
+            worker.outcome = outcome
+            self._turn.notify_all()
 
     def _resume(self, worker):
         def run():
@@ -161,7 +148,6 @@ class Scheduler:
         else:
             self.observe(worker, run)
         if worker.done:
-            worker._thread.join(RESUME_TIMEOUT)
             self.workers.remove(worker)
 
     def park(self, worker, key, seen):
@@ -194,6 +180,63 @@ class Scheduler:
             worker.die()
         self.settle()
         assert not self.workers, [w.name for w in self.workers]
+
+
+class _Thread:
+    """A thread that runs workers one after the other.
+
+    Reused, because each thread opens its own connection to the registry
+    Manager (and the Manager a thread to serve it): a thread per worker made
+    hundreds of them per example.
+    """
+
+    _idle = []
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self.jobs = _Jobs()
+        threading.Thread(target=self._run, name='model-worker', daemon=True).start()
+
+    @classmethod
+    def take(cls):
+        with cls._lock:
+            return cls._idle.pop() if cls._idle else cls()
+
+    def _run(self):
+        while True:
+            scheduler, worker, fn = self.jobs.get()
+            _current.worker = worker
+            worker._go.wait()
+            try:
+                worker.alive()
+                outcome = ('ok', fn())
+            except Crash:
+                outcome = ('crash', None)
+            except BaseException as exc:   # noqa: B902 - reported to the test's thread
+                outcome = ('error', exc)
+            worker.die()        # what it left open closes with its process
+            _current.worker = None
+            with self._lock:
+                self._idle.append(self)
+            scheduler._ended(worker, outcome)
+
+
+class _Jobs:
+    """A one-slot queue of jobs for a :class:`_Thread`."""
+
+    def __init__(self):
+        self._items = []
+        self._ready = threading.Condition()
+
+    def append(self, job):
+        with self._ready:
+            self._items.append(job)
+            self._ready.notify()
+
+    def get(self):
+        with self._ready:
+            self._ready.wait_for(lambda: self._items)
+            return self._items.pop(0)
 
 
 class ControlledChanges:

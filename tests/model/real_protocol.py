@@ -67,6 +67,7 @@ SANDBOXES = tuple('p%d-s%d' % (p, s) for p in range(len(PODS)) for s in range(3)
 PATHS = {command: path for path, command in api.ROUTES.items()}
 REQUEST_TIMEOUT = 30
 VIF_TIMEOUT = 20
+VARIANTS = 3                # VIFs a pod's record may show (see vif())
 MAX_CRASH_POINT = 24        # more durable calls than any one request makes
 
 CRASH = st.none() | st.integers(min_value=0, max_value=MAX_CRASH_POINT)
@@ -110,8 +111,11 @@ class RecordingNode:
 
 
 def vif(pod_index, variant, bridge, active):
+    """Variant 0 and 1: ports of the pod's own; 2: a port ID the other pod's variant 0
+    also names (with the pod's own MAC and IP), as a hostile or mistaken annotation could."""
+    port = 'port-%d-%d' % (pod_index, variant) if variant < 2 else 'port-%d-0' % (1 - pod_index)
     return vif_model.parse_vif({
-        'kind': 'bridge', 'port_id': 'port-%d-%d' % (pod_index, variant), 'bridge': bridge,
+        'kind': 'bridge', 'port_id': port, 'bridge': bridge,
         'mac': 'fa:16:3e:00:%02x:%02x' % (pod_index, variant),
         'ips': ['10.99.0.%d/24' % (10 + 10 * pod_index + variant)], 'gateway': '10.99.0.1',
         'active': active}).to_dict()
@@ -133,6 +137,7 @@ class Protocol(RuleBasedStateMachine):
         self.registry = None
         self.up = False
         self.records = {}           # pod -> the watcher's record (what it publishes)
+        self.variant = {}           # pod -> which of its VIFs (see vif()) the record shows
         self.generation = {p: 0 for p in PODS}
         self.netns = {}             # cid -> its namespace path (once made)
         self.uid = {}               # cid -> the pod UID it was made for
@@ -243,6 +248,7 @@ class Protocol(RuleBasedStateMachine):
 
     def publish(self, pod, variant, active):
         index = PODS.index(pod)
+        self.variant[pod] = variant
         self.records[pod] = {
             'uid': 'uid-%d-%d' % (index, self.generation[pod]),
             'vifs': {'eth0': vif(index, variant, self.node.bridge, active)},
@@ -281,12 +287,15 @@ class Protocol(RuleBasedStateMachine):
             raise worker.outcome[1]
         return worker.outcome[1]
 
-    # Rules: the runtime ------------------------------------------------------------------
+    # Actions: the runtime ----------------------------------------------------------------
+    # (plain methods, so that a regression test replays a shrunk sequence step by step;
+    # the Hypothesis rules below draw their arguments among those that make sense)
 
-    @rule(cid=st.sampled_from(SANDBOXES), crash_after=CRASH)
-    def add(self, cid, crash_after):
-        if cid in self.del_sent or not self.up:
-            return      # a deleted sandbox is never added again; the shim fails at once
+    def addable(self):
+        """Sandboxes the runtime may ADD: any it has not deleted."""
+        return [cid for cid in SANDBOXES if cid not in self.del_sent]
+
+    def add(self, cid, crash_after=None):
         pod = pod_of(cid)
         if cid not in self.netns:
             self.netns[cid] = self.node.make_netns(cid)
@@ -301,10 +310,8 @@ class Protocol(RuleBasedStateMachine):
         self.adds[worker] = (cid, self.add_seq)
         self.settle()
 
-    @rule(cid=st.sampled_from(SANDBOXES), crash_after=CRASH, pod_identity=st.booleans())
-    def delete(self, cid, crash_after, pod_identity):
-        if cid not in self.netns:
-            return      # the runtime only deletes sandboxes it made
+    def delete(self, cid, crash_after=None, pod_identity=True):
+        """The runtime's DEL; while the daemon is down, the shim queues it."""
         self.del_sent.add(cid)
         self.connected.discard(cid)
         if not self.up:
@@ -337,19 +344,17 @@ class Protocol(RuleBasedStateMachine):
         scheduler.start(worker, lambda: state.write_atomically(directory, name, body))
         return worker.outcome[0] == 'ok'
 
-    @rule(cid=st.sampled_from(SANDBOXES))
+    def checkable(self):
+        return [cid for cid in sorted(self.results) if cid not in self.del_sent]
+
     def check(self, cid):
-        if not self.up or cid not in self.results:
-            return
         connected = cid in self.connected
         answer = self._finish(self.request('CHECK', cid))
+        _event('CHECK answered %s' % (_code(*answer) if answer else 'crash'))
         if connected and cid in self.connected:
             assert answer[0] in (200, 204), ('CHECK of connected %s: %s' % (cid, answer))
 
-    @rule(crash_after=CRASH)
-    def gc(self, crash_after):
-        if not self.up:
-            return
+    def gc(self, crash_after=None):
         valid = {cid for cid in self.netns if cid not in self.del_sent}
 
         def may_remove(c, owners):
@@ -358,73 +363,131 @@ class Protocol(RuleBasedStateMachine):
         self._finish(self.request('GC', None, crash_after, valid=valid, may_remove=may_remove))
         self.settle()
 
-    @rule(cid=st.sampled_from(SANDBOXES))
+    def removable_netns(self):
+        return [cid for cid in sorted(self.del_sent) if self.node.netns_exists(self.netns[cid])]
+
     def remove_netns(self, cid):
         """The runtime removes a sandbox's namespace after its DEL."""
-        if cid in self.del_sent and self.node.netns_exists(self.netns[cid]):
-            self.node.remove_netns(self.netns[cid])
+        self.node.remove_netns(self.netns[cid])
 
-    # Rules: the watcher --------------------------------------------------------------------
+    # Actions: the watcher -----------------------------------------------------------------
 
-    @rule(pod=st.sampled_from(PODS), variant=st.integers(0, 1), active=st.booleans())
     def vifs(self, pod, variant, active):
         """The pod's VIFs appear, change or go active."""
         self.publish(pod, variant, active)
 
-    @rule(pod=st.sampled_from(PODS))
     def recreate(self, pod):
         """The pod is deleted and created again under its name: a new UID, new VIFs."""
         self.generation[pod] += 1
         self.publish(pod, 0, False)
 
-    # Rules: faults -------------------------------------------------------------------------
+    # Actions: faults and the daemon's life --------------------------------------------------
 
-    @rule(unplug=st.booleans())
     def kernel_refuses_next(self, unplug):
         if unplug:
             self.port.fail_disconnect = True
         else:
             self.port.fail_connect = True
 
-    @precondition(lambda self: self.up and self.scheduler.workers)
-    @rule(data=st.data())
-    def kill_waiting_worker(self, data):
-        """The worker serving a waiting ADD is killed (SIGKILL, OOM)."""
-        worker = data.draw(st.sampled_from(self.scheduler.workers))
-        worker.die()
+    def kill_waiting_worker(self, index):
+        """The worker serving the ``index``-th waiting ADD is killed (SIGKILL, OOM)."""
+        self.scheduler.workers[index].die()
         self.settle()
 
-    @precondition(lambda self: self.up and self.scheduler.workers)
-    @rule(data=st.data())
-    def time_out(self, data):
-        """A waiting ADD reaches its deadline."""
-        worker = data.draw(st.sampled_from(self.scheduler.workers))
-        worker.clock_offset = REQUEST_TIMEOUT + VIF_TIMEOUT
+    def time_out(self, index):
+        """The ``index``-th waiting ADD reaches its deadline."""
+        self.scheduler.workers[index].clock_offset = REQUEST_TIMEOUT + VIF_TIMEOUT
         self.settle()
 
-    @rule(crash_after=CRASH)
-    def restart(self, crash_after):
+    def restart(self, crash_after=None):
         """The daemon stops (every worker dies) and starts again, recovering from its files."""
         self.stop_daemon()
         self.start_daemon(crash_after)
 
-    @precondition(lambda self: self.up)
-    @rule()
     def stop(self):
         """The daemon is down for a while: the shim queues DELs."""
         self.stop_daemon()
 
-    @rule(crash_after=CRASH)
-    def housekeeping(self, crash_after):
-        if not self.up:
-            return
+    def housekeeping(self, crash_after=None):
         keeper = housekeeping.Housekeeper(self.ownership, self.queue)
         worker = self.run('housekeeping', keeper.tick, crash_after,
                           may_remove=self._queued_may_remove())
         self._finish(worker)
         self.settle()
 
+    # Rules ---------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.up and self.addable())
+    @rule(data=st.data(), crash_after=CRASH)
+    def rule_add(self, data, crash_after):
+        self.add(data.draw(st.sampled_from(self.addable()), label='cid'), crash_after)
+
+    @precondition(lambda self: self.netns)
+    @rule(data=st.data(), crash_after=CRASH, pod_identity=st.booleans())
+    def rule_delete(self, data, crash_after, pod_identity):
+        self.delete(data.draw(st.sampled_from(sorted(self.netns)), label='cid'),
+                    crash_after, pod_identity)
+
+    @precondition(lambda self: self.up and self.checkable())
+    @rule(data=st.data())
+    def rule_check(self, data):
+        self.check(data.draw(st.sampled_from(self.checkable()), label='cid'))
+
+    @precondition(lambda self: self.up)
+    @rule(crash_after=CRASH)
+    def rule_gc(self, crash_after):
+        self.gc(crash_after)
+
+    @precondition(lambda self: self.removable_netns())
+    @rule(data=st.data())
+    def rule_remove_netns(self, data):
+        self.remove_netns(data.draw(st.sampled_from(self.removable_netns()), label='cid'))
+
+    @rule(pod=st.sampled_from(PODS), variant=st.integers(0, VARIANTS - 1), active=st.booleans())
+    def rule_vifs(self, pod, variant, active):
+        self.vifs(pod, variant, active)
+
+    @rule(pod=st.sampled_from(PODS))
+    def rule_recreate(self, pod):
+        self.recreate(pod)
+
+    @rule(unplug=st.booleans())
+    def rule_kernel_refuses_next(self, unplug):
+        self.kernel_refuses_next(unplug)
+
+    @precondition(lambda self: self.up and self.scheduler.workers)
+    @rule(data=st.data())
+    def rule_kill_waiting_worker(self, data):
+        self.kill_waiting_worker(data.draw(st.integers(0, len(self.scheduler.workers) - 1),
+                                           label='index'))
+
+    @precondition(lambda self: self.up and self.scheduler.workers)
+    @rule(data=st.data())
+    def rule_time_out(self, data):
+        self.time_out(data.draw(st.integers(0, len(self.scheduler.workers) - 1),
+                                label='index'))
+
+    @rule(crash_after=CRASH)
+    def rule_restart(self, crash_after):
+        self.restart(crash_after)
+
+    @precondition(lambda self: self.up)
+    @rule()
+    def rule_stop(self):
+        self.stop()
+
+    @precondition(lambda self: self.up)
+    @rule(crash_after=CRASH)
+    def rule_housekeeping(self, crash_after):
+        self.housekeeping(crash_after)
+
     # Invariants ----------------------------------------------------------------------------
+
+    def assert_invariants(self):
+        """Every invariant, as Hypothesis checks them after each rule."""
+        self.adds_answered_success_stay_connected()
+        self.adds_in_flight_are_registered()
+        self.no_two_pods_hold_one_address()
 
     @invariant()
     def adds_answered_success_stay_connected(self):
@@ -445,6 +508,20 @@ class Protocol(RuleBasedStateMachine):
                 assert cid in registered, ('the ADD of %s waits, yet the registry does not '
                                            'count it in flight' % cid)
 
+    @invariant()
+    def no_two_pods_hold_one_address(self):
+        """A port, MAC or IP is bound to one pod of the node at most (the address fence)."""
+        holders = {}
+        for pod, binding in self.ownership.store.load_all().items():
+            for sandbox in binding.sandboxes.values():
+                for attachment in sandbox.attachments.values():
+                    for interface in attachment.interfaces:
+                        vif = interface.vif
+                        for address in {vif.port_id, vif.mac, *vif.ips}:
+                            holders.setdefault(address, set()).add(pod)
+        shared = {a: sorted(p) for a, p in holders.items() if len(p) > 1}
+        assert not shared, 'pods of the node share addresses: %s' % shared
+
     # The end -------------------------------------------------------------------------------
 
     def teardown(self):
@@ -461,8 +538,8 @@ class Protocol(RuleBasedStateMachine):
         and that after every sandbox's DEL nothing at all remains."""
         if not self.up:
             self.restart(None)
-        for pod, record in list(self.records.items()):
-            self.publish(pod, _variant(record), True)
+        for pod in list(self.records):
+            self.publish(pod, self.variant[pod], True)
         for worker in list(self.scheduler.workers):
             worker.clock_offset = REQUEST_TIMEOUT + VIF_TIMEOUT
         self.settle()
@@ -507,20 +584,22 @@ _shared = {}
 def fresh_registry():
     """A registry as a restarted daemon has it: empty tables.
 
-    New tables in one Manager process shared by every example (a Manager
-    takes 0.2 s to start, and the examples restart often): what a restart
-    loses is the registry's memory, which the new tables lose as well.
+    One Manager process serves every example (a Manager takes 0.2 s to start,
+    and the examples restart often), and a restart gets a new binding table and
+    an emptied pods table from it: what a restart loses is the registry's
+    memory, which they lose as well. (The status and stale-DEL tables hold
+    nothing the rules read but the resync request, which is cleared.)
     """
     if 'manager' not in _shared:
         manager, registry = registry_mod.Registry.start(
             title='kuryr-cni-daemon: registry (model)')
         atexit.register(manager.shutdown)
-        _shared.update(manager=manager, changes=registry.changes)
-    manager = _shared['manager']
-    pods = manager.PodTable()
-    pods.replace({})
-    return registry_mod.Registry(pods, manager.BindingTable(), manager.StatusTable(),
-                                 manager.StaleDelLog(), _shared['changes'])
+        _shared.update(manager=manager, registry=registry)
+    shared = _shared['registry']
+    shared.pods.replace({})
+    shared.status.take_resync_request()
+    return registry_mod.Registry(shared.pods, _shared['manager'].BindingTable(),
+                                 shared.status, shared.stale_dels, shared.changes)
 
 
 def _code(status, payload):
@@ -541,10 +620,6 @@ def _queue_entries(state_dir):
     (a shim killed while queueing leaves it for a minute, by design)."""
     names = os.listdir(os.path.join(state_dir, state.DEL_QUEUE))
     return sorted(n for n in names if not (n.startswith('.') and n.endswith('.tmp')))
-
-
-def _variant(record):
-    return int(record['vifs']['eth0']['port_id'].rpartition('-')[2])
 
 
 def _fast_tmp():
