@@ -529,9 +529,12 @@ class Protocol(RuleBasedStateMachine):
             self.wind_down()
         finally:
             self.stop_daemon()
-            self.watch.__exit__(None, None, None)
-            self.node.close()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.teardown_resources()
+
+    def teardown_resources(self):
+        self.watch.__exit__(None, None, None)
+        self.node.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     def wind_down(self):
         """Let everything end, then check that nothing of a deleted sandbox remains,

@@ -1,0 +1,59 @@
+"""What the state machine of tests/model/real_protocol.py found, each as the short sequence
+it shrank to, replayed step by step with every invariant checked after each step and
+the wind-down's checks at the end (as Hypothesis runs it).
+
+Each names the hole of issue 31 it found and the test fails on the code before its fix.
+"""
+
+from tests.model import real_protocol as rp
+
+POD0, POD1 = rp.PODS
+
+
+def replay(*steps, machine=None):
+    """Run ``steps`` (``(action, args...)``) on a fresh :class:`rp.Protocol`, then wind down."""
+    machine = machine or rp.Protocol()
+    try:
+        machine.assert_invariants()
+        for action, *args in steps:
+            getattr(machine, action)(*args)
+            machine.assert_invariants()
+    except BaseException:
+        machine.stop_daemon()
+        machine.teardown_resources()
+        raise
+    machine.teardown()
+
+
+def test_failed_plug_whose_rollback_fails_keeps_its_record():
+    """Hole 5: the owner's DEL must still find and remove what the failed plug left."""
+    replay(('vifs', POD0, 0, True),
+           ('kernel_refuses_next', False),     # the plug fails half-way ...
+           ('kernel_refuses_next', True),      # ... and so does its rollback
+           ('add', 'p0-s0'))
+
+
+def test_queued_del_failing_for_a_passing_reason_is_applied_later():
+    """Hole 2: a queued DEL refused once by the kernel must not be set aside for good."""
+    replay(('vifs', POD0, 0, True),
+           ('add', 'p0-s0'),
+           ('stop',),
+           ('delete', 'p0-s0'),                # queued by the shim: "success"
+           ('kernel_refuses_next', True),
+           ('restart',))                       # the replay meets the refusal
+
+
+def test_second_add_of_a_sandbox_stays_in_flight_when_the_first_ends():
+    """Hole 12: the first of two ADDs of one sandbox to end must not end the other's mark."""
+    replay(('vifs', POD0, 0, False),
+           ('add', 'p0-s1'),
+           ('add', 'p0-s1'),
+           ('time_out', 0))
+
+
+def test_two_pods_naming_one_port_are_not_both_bound():
+    """Hole 8: a port ID is bound to one pod of the node, whatever MAC and IP come with it."""
+    replay(('vifs', POD0, 0, True),
+           ('add', 'p0-s0'),
+           ('vifs', POD1, 2, True),             # pod-1's VIF names pod-0's port
+           ('add', 'p1-s0'))
