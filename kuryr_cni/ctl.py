@@ -1,8 +1,9 @@
 """``kuryr-cni-ctl``: the operator's view of a running daemon, over its socket.
 
 Commands: ``status`` (workers, watcher sync, version), ``list`` (pods, owner
-container IDs, attachments), ``show NAMESPACE/NAME`` (one binding in full) and
-``stale-dels`` (the last rejected stale DELs with their reasons). Tables for
+container IDs, attachments), ``show NAMESPACE/NAME`` (one binding in full),
+``stale-dels`` (the last rejected stale DELs with their reasons) and
+``queued-dels`` (queued DELs whose replay fails, retried with back-off). Tables for
 people, ``--json`` for scripts. The socket is ``--socket``, else ``[cni_daemon]
 socket`` of the daemon's ``--config-file``, else the default. Exit status 0 on
 success, 1 when the daemon answers an error, 2 when it cannot be reached or
@@ -63,7 +64,7 @@ def table(rows, headers):
 def show_status(facts):
     return '\n'.join('%-15s %s' % (key + ':', facts[key]) for key in (
         'version', 'ready', 'alive', 'workers', 'watcher_synced', 'shutting_down', 'pods',
-        'bindings') if key in facts)
+        'bindings', 'queued_dels_failing') if key in facts)
 
 
 def show_list(bindings):
@@ -96,6 +97,21 @@ def show_stale(entries):
     return table(rows, ('time', 'pod', 'rejected', 'owner', 'reason'))
 
 
+def show_queued(queued):
+    rows = [(e['entry'], e.get('pod') or '-', e['container_id'][:20], e['attempts'],
+             _when(e['failing_since']), _when(e['next_try']), e['error'])
+            for e in queued['entries']]
+    lines = [table(rows, ('entry', 'pod', 'sandbox', 'attempts', 'failing since',
+                          'next try', 'error'))]
+    if queued['failing'] > len(rows):
+        lines.append('... and %d more' % (queued['failing'] - len(rows)))
+    return '\n'.join(lines)
+
+
+def _when(timestamp):
+    return datetime.datetime.fromtimestamp(timestamp).isoformat(timespec='seconds')
+
+
 COMMANDS = {
     # name: (path, renderer, what it shows)
     'status': ('/v1/status', show_status,
@@ -107,6 +123,9 @@ COMMANDS = {
              'attachments'),
     'stale-dels': ('/v1/stale-dels', show_stale,
                    'the last rejected stale DELs, with the owner at the time and the reason'),
+    'queued-dels': ('/v1/queued-dels', show_queued,
+                    'DELs the shim queued whose replay fails: since when, how often, the '
+                    'last error and the next try'),
 }
 
 

@@ -77,7 +77,9 @@ SPECS = (
          'Daemon child processes that died and were replaced, by service.', ('service',),
          known=(SERVICES,)),
     Spec('del_replayed', 'counter', 'kuryr_cni_queued_del_replayed_total',
-         'DELs queued by the shim and replayed at start.'),
+         'DELs queued by the shim and replayed.'),
+    Spec('del_replay_failed', 'counter', 'kuryr_cni_queued_del_failures_total',
+         'Replays of a queued DEL that failed; the entry is kept and retried with back-off.'),
     Spec('set_aside', 'counter', 'kuryr_cni_state_files_set_aside_total',
          'State files that were not valid records, moved aside, by kind.', ('kind',),
          known=(('binding', 'del_queue'),)),
@@ -108,8 +110,8 @@ SCRAPED = (
     Scraped('kuryr_cni_ready', 'Whether the daemon is ready (1) or not (0).'),
     Scraped('kuryr_cni_attachments', 'Pod interface attachments recorded on this node.'),
     Scraped('kuryr_cni_queued_dels',
-            'DELs the shim queued while the daemon was unreachable, waiting for the next '
-            'daemon start to replay them.'),
+            'DELs the shim queued while the daemon was unreachable, not yet applied: '
+            'replayed at start and every few seconds while the daemon runs.'),
     Scraped('kuryr_cni_watch_activity_age_seconds',
             'Seconds since the watcher last received a list, a watch event or a bookmark '
             'from the API server; absent until the first list.'),
@@ -184,6 +186,11 @@ def worker_restarted(service):
 def del_replayed():
     if _m:
         _m.del_replayed.inc()
+
+
+def queued_del_failed():
+    if _m:
+        _m.del_replay_failed.inc()
 
 
 def state_file_set_aside(kind):

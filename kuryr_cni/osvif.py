@@ -105,6 +105,7 @@ def parse_vif(primitive, default=False):
         'routes': network['routes'],
         'active': _optional(data, 'active', bool, name, True),
         'default': default,
+        'network_id': network['id'],
     }
     if kind == 'bridge' and _hybrid(data, name):
         kind = spec['kind'] = 'ovs-hybrid'
@@ -195,7 +196,8 @@ def _network(primitive):
     if not ips:
         raise errors.InvalidVIF('the VIF\'s network has no fixed IP')
     return {'mtu': mtu, 'ips': ips, 'gateways': gateways, 'routes': routes,
-            'bridge': _optional(data, 'bridge', str, 'Network', None)}
+            'bridge': _optional(data, 'bridge', str, 'Network', None),
+            'id': _optional(data, 'id', str, 'Network', None)}
 
 
 _EMPTY_ROUTES = {'versioned_object.name': 'RouteList', 'versioned_object.namespace': NAMESPACE,

@@ -28,6 +28,7 @@ given (:class:`kuryr_cni.kernel.Kernel` in the daemon).
 
 import dataclasses
 import time
+import uuid
 
 from oslo_log import log as logging
 
@@ -61,14 +62,17 @@ class Ownership:
         self.kernel.check_netns(req.netns)
         pod = req.pod
         bindings = self.registry.bindings
+        # This ADD's own name in the registry: the runtime may retry an ADD of the
+        # sandbox while this one runs, and each ends only its own mark.
+        token = uuid.uuid4().hex
         try:
             started = time.monotonic()
             # The ADD's registration brings back its first look at the pod's record.
             vifs = self._wait(pod, min(deadline, started + self.vif_timeout), 'published',
                               _vifs_published, first_look=lambda: bindings.add_started(
-                                  req.container_id, started, pod.key))
+                                  req.container_id, started, pod.key, token))
             waited = time.monotonic() - started
-            result = self._claim_and_plug(req, vifs, deadline)
+            result = self._claim_and_plug(req, vifs, deadline, token)
             # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
             # only once it sees the port's host side, which the plug just made.
             if not _all_active(vifs):
@@ -82,9 +86,9 @@ class Ownership:
             metrics.vif_waited(waited)
             return result
         finally:
-            bindings.add_finished(req.container_id)
+            bindings.add_finished(token)
 
-    def _claim_and_plug(self, req, vifs, deadline):
+    def _claim_and_plug(self, req, vifs, deadline, token):
         """Claim the pod for ``req``'s sandbox, evict the others and plug ``vifs``.
 
         One hold of the pod's lock; the claim is persisted before anyone is
@@ -94,7 +98,7 @@ class Ownership:
         with self.locks.hold(req.pod.key, deadline) as remove_lock:
             binding = self._load(req.pod.key)
             try:
-                self._admit(req, vifs, deadline)
+                self._admit(req, vifs, deadline, token)
                 self._refuse_moved_sandbox(binding, req)
                 free_names = self._refuse_foreign_ifname(binding, req)
             except errors.CNIError:
@@ -111,7 +115,7 @@ class Ownership:
                     remove_lock()   # refused before anything was written
                 raise
 
-    def _admit(self, req, vifs, deadline):
+    def _admit(self, req, vifs, deadline, token):
         """Refuse VIFs the node's binding policy forbids, an ADD overtaken by a newer
         sandbox's, and VIFs whose MAC or IP another pod of the node holds; else
         reserve those addresses for this ADD.
@@ -133,7 +137,7 @@ class Ownership:
             raise
         addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
         newest, taken = self.registry.bindings.admit_add(
-            req.container_id, req.pod.key, addresses, deadline)
+            req.container_id, req.pod.key, addresses, deadline, token)
         if newest not in (None, req.container_id):
             raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
                                        'whose ADD came later' % (req.container_id, req.pod.key,
@@ -278,6 +282,10 @@ class Ownership:
         self._save(binding)
         try:
             self._connect_all(req, interfaces)
+        except _NotRolledBack as exc:
+            # Some device of the attachment may remain: its 'plugging' record stays,
+            # so the owner's DEL (which the runtime sends after a failed ADD) finds it.
+            raise exc.error from exc.__cause__
         except Exception:
             del sandbox.attachments[key]
             self._save(binding)
@@ -322,15 +330,26 @@ class Ownership:
                 % (', '.join(sorted(taken)), req.netns))
 
     def _connect_all(self, req, interfaces):
+        """Connect every interface, or none: on failure, remove what was connected.
+
+        Raises the failure; :class:`_NotRolledBack` wraps it when removing
+        failed too, and devices may remain.
+        """
         done = []
         try:
             for interface in interfaces:
                 plug = _plug_of(req.container_id, req.netns, interface)
                 done.append((interface, plug))
                 self.kernel.connect(interface.vif, plug)
-        except Exception:
-            for interface, plug in reversed(done):
-                self.kernel.disconnect(interface.vif.kind, plug)
+        except Exception as error:
+            try:
+                for interface, plug in reversed(done):
+                    self.kernel.disconnect(interface.vif.kind, plug)
+            except Exception as rollback_error:
+                LOG.warning('ADD of pod %s, sandbox %s failed (%s) and removing what it '
+                            'plugged failed too (%s); its record stays for the DEL',
+                            req.pod.key, req.container_id, error, rollback_error)
+                raise _NotRolledBack(error) from rollback_error
             raise
 
     # DEL ------------------------------------------------------------------
@@ -358,6 +377,8 @@ class Ownership:
         cid = req.container_id
         sandbox = binding.sandboxes.get(cid)
         if binding.owner == cid:
+            if not _records_ifname(sandbox, req.ifname):
+                self._remove_tagged(req)    # devices its record lost: their tag proves them
             self._unplug_attachment(binding, cid, (req.network, req.ifname))
             if not sandbox.attachments:
                 binding.owner = None
@@ -553,6 +574,14 @@ class Ownership:
             self.kernel.disconnect(interface.vif.kind, _plug_of(cid, sandbox_netns, interface))
 
 
+class _NotRolledBack(Exception):
+    """A plug failed with ``error``, and removing what it had made failed too."""
+
+    def __init__(self, error):
+        super().__init__(error)
+        self.error = error
+
+
 def _vifs_published(record):
     """The pod's VIFs once the record holds its primary interface's, active or not."""
     vifs = record.get('vifs') or {}
@@ -573,6 +602,12 @@ def _interfaces(vifs, cni_ifname):
     default = next((n for n, v in named.items() if v.default), cni_ifname)
     return [records.Interface(name, vif, name == default)
             for name, vif in sorted(named.items(), key=lambda item: item[0] != cni_ifname)]
+
+
+def _records_ifname(sandbox, ifname):
+    """Whether any attachment of ``sandbox`` records an interface named ``ifname``."""
+    return any(interface.ifname == ifname for attachment in sandbox.attachments.values()
+               for interface in attachment.interfaces)
 
 
 def _plug_of(cid, sandbox_netns, interface):

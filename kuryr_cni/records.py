@@ -193,15 +193,20 @@ class Summary:
     pod: str
     owner: str | None
     sandboxes: tuple = ()       # ((container ID, number of attachments), ...)
-    addresses: frozenset = frozenset()     # MACs and IPs its interfaces hold (vif_addresses)
+    addresses: frozenset = frozenset()     # what its interfaces hold (vif_addresses)
 
     def attachment_count(self):
         return sum(count for _cid, count in self.sandboxes)
 
 
 def vif_addresses(vif):
-    """The MAC and the IPs (without prefix length) a VIF gives its interface."""
-    return (vif.mac, *(ip.partition('/')[0] for ip in vif.ips))
+    """What no two pods of the node may hold at once, as ``(network, address)``: the MAC
+    and the IPs (without prefix length) a VIF gives its interface, on its Neutron
+    network (None when the VIF does not say: then on every network), and its port,
+    node-wide (one port is one OVS ``iface-id``), as ``(None, 'port <port_id>')``."""
+    network = vif.network_id
+    return ((network, vif.mac), *((network, ip.partition('/')[0]) for ip in vif.ips),
+            (None, 'port ' + vif.port_id))
 
 
 def pod_key(value):

@@ -207,6 +207,8 @@ class StatusFacts:
     watch_activity: float | None    # time.monotonic() of the last list, event or bookmark
     saturated: frozenset = frozenset()   # (role, worker_id) whose connections are at the cap
     api_limits: tuple = ()          # why the API server's answers are being refused, in words
+    queued_dels_failing: int = 0    # queued DELs whose replay failed, waiting to be retried
+    queued_dels_failing_since: float | None = None   # time.monotonic() of the oldest's failure
 
     def of_role(self, role):
         """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
@@ -234,6 +236,7 @@ class StatusTable:
         self._resync_requested = False
         self._saturated = set()     # (role, worker_id)
         self._api_limits = {}       # watched objects (in words) -> the limit exceeded, in words
+        self._queued_dels = (0, None, [])   # failing count, oldest failure, listed entries
 
     def server_pid(self):
         """The pid of the Manager process (this method runs in it)."""
@@ -311,6 +314,19 @@ class StatusTable:
             requested, self._resync_requested = self._resync_requested, False
             return requested
 
+    # Queued DELs whose replay fails (kuryr_cni.daemon.recovery.Retries) ---------------
+
+    def note_queued_dels(self, failing, since, listed):
+        """``failing`` entries fail, the oldest since ``since``; ``listed``: the first
+        of them, as dicts, for ``kuryr-cni-ctl queued-dels``."""
+        with self._lock:
+            self._queued_dels = (failing, since, list(listed))
+
+    def queued_dels(self):
+        """``{'failing': count, 'entries': [...]}`` as last noted."""
+        with self._lock:
+            return {'failing': self._queued_dels[0], 'entries': list(self._queued_dels[2])}
+
     # Everything at once, for the health judgement ----------------------------------
 
     def facts(self):
@@ -321,7 +337,9 @@ class StatusTable:
                                synced=self._synced, shutting_down=self._shutting_down,
                                watch_activity=self._watch_activity,
                                saturated=frozenset(self._saturated),
-                               api_limits=tuple(sorted(self._api_limits.values())))
+                               api_limits=tuple(sorted(self._api_limits.values())),
+                               queued_dels_failing=self._queued_dels[0],
+                               queued_dels_failing_since=self._queued_dels[1])
 
 
 class BindingTable(_Table):
@@ -345,9 +363,12 @@ class BindingTable(_Table):
         super().__init__()
         self._pods = pods           # the PodTable; None: a table on its own (unit tests)
         self._by_container = {}
-        self._by_address = {}       # MAC or IP -> {pod key}
-        self._reserved = {}         # container ID -> (pod key, addresses, time.monotonic() limit)
-        self._adds = {}             # container ID -> time.monotonic() its ADD started
+        self._by_address = {}       # MAC, IP or 'port <id>' -> {network or None: {pod key}}
+        # An ADD in flight is known by its token, not its container ID: a runtime
+        # may retry an ADD of a sandbox while the first still runs, and the first
+        # to end must not end the other's mark or reservation.
+        self._reserved = {}         # ADD token -> (pod key, addresses, time.monotonic() limit)
+        self._adds = {}             # ADD token -> (container ID, time.monotonic() it started)
         self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
 
     def put(self, key, value):
@@ -373,19 +394,21 @@ class BindingTable(_Table):
         self._rows[key] = value
         for container_id, _count in value.sandboxes:
             self._by_container[container_id] = key
-        for address in value.addresses:
-            self._by_address.setdefault(address, set()).add(key)
+        for network, address in map(_scoped, value.addresses):
+            self._by_address.setdefault(address, {}).setdefault(network, set()).add(key)
 
     # ADDs in flight ----------------------------------------------------------------
 
-    def add_started(self, container_id, when, pod=None):
+    def add_started(self, container_id, when, pod=None, token=None):
         """Register an ADD in flight; ``pod``: its pod's key, which it is now the newest of.
 
+        ``token`` names this ADD in :meth:`admit_add` and :meth:`add_finished`
+        (default: the container ID, for callers that run one ADD per sandbox).
         Returns ``pod``'s record in the pods table (None: none yet), the ADD's
         first look for its VIFs.
         """
         with self._lock:
-            self._adds[container_id] = when
+            self._adds[token or container_id] = (container_id, when)
             if pod is not None:
                 now = time.monotonic()
                 self._newest_add[pod] = (container_id, now)
@@ -412,7 +435,7 @@ class BindingTable(_Table):
         entry = self._newest_add.get(pod)
         return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
 
-    def admit_add(self, container_id, pod, addresses, until):
+    def admit_add(self, container_id, pod, addresses, until, token=None):
         """Judge the ADD of ``container_id`` to ``pod``: ``(newest, taken)``.
 
         ``newest``: the container ID of the pod's newest ADD (see
@@ -425,48 +448,57 @@ class BindingTable(_Table):
             newest = self._newest(pod)
             if newest not in (None, container_id):
                 return newest, {}
-            return newest, self._reserve(container_id, pod, addresses, until)
+            return newest, self._reserve(token or container_id, pod, addresses, until)
 
-    def add_finished(self, container_id):
-        """The ADD of ``container_id`` ended: it is no longer in flight, its reservation ends."""
+    def add_finished(self, token):
+        """The ADD of ``token`` (its :meth:`add_started` token) ended: it is no longer in
+        flight, its reservation ends. Another ADD of the same sandbox keeps its own."""
         with self._lock:
-            self._adds.pop(container_id, None)
-            self._reserved.pop(container_id, None)
+            self._adds.pop(token, None)
+            self._reserved.pop(token, None)
 
     def adds_since(self, cutoff):
-        """Container IDs whose ADD started after ``cutoff`` (a ``time.monotonic()``) and runs."""
+        """Container IDs with an ADD that started after ``cutoff`` (a ``time.monotonic()``)
+        and runs."""
         with self._lock:
-            return {cid for cid, started in self._adds.items() if started > cutoff}
+            return {cid for cid, started in self._adds.values() if started > cutoff}
 
-    def reserve_addresses(self, container_id, pod, addresses, until):
-        """Reserve ``addresses`` (MACs, IPs) for the ADD of ``container_id`` to pod ``pod``
-        until ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
+    def reserve_addresses(self, container_id, pod, addresses, until, token=None):
+        """Reserve ``addresses`` for the ADD of ``container_id`` to pod ``pod`` until
+        ``until`` (a ``time.monotonic()``), unless another pod holds one of them.
 
-        Another pod holds an address when its binding records an interface
-        with it, or its ADD in flight reserved it. Returns ``{address: that
-        pod}``, empty when the reservation was made. One call, so of two ADDs
-        racing for one address only one can win. The reservation ends with
-        :meth:`add_finished` or at ``until`` (a worker that died).
+        ``addresses`` are :func:`kuryr_cni.records.vif_addresses`' ``(network,
+        address)``, or bare addresses (on every network). Another pod holds one
+        when its binding records an interface with it, or its ADD in flight
+        reserved it, on the same network, or on either side one not known
+        (None: the fence stays node-wide where a VIF names no network).
+        Returns ``{address: that pod}``, empty when the reservation was made.
+        One call, so of two ADDs racing for one address only one can win. The
+        reservation ends with :meth:`add_finished` or at ``until`` (a worker
+        that died).
         """
         with self._lock:
-            return self._reserve(container_id, pod, addresses, until)
+            return self._reserve(token or container_id, pod, addresses, until)
 
-    def _reserve(self, container_id, pod, addresses, until):
-        addresses = frozenset(addresses)
+    def _reserve(self, token, pod, addresses, until):
+        addresses = frozenset(map(_scoped, addresses))
         now = time.monotonic()
-        for cid in [c for c, (_, _, limit) in self._reserved.items() if limit <= now]:
-            del self._reserved[cid]
+        for expired in [t for t, (_, _, limit) in self._reserved.items() if limit <= now]:
+            del self._reserved[expired]
         taken = {}
-        for address in sorted(addresses):
-            holders = self._by_address.get(address, set()) - {pod}
+        for network, address in sorted(addresses, key=lambda item: item[1]):
+            holders = set().union(*(pods for held_on, pods
+                                    in self._by_address.get(address, {}).items()
+                                    if _overlap(network, held_on))) - {pod}
             if holders:
                 taken[address] = min(holders)
         for other, reserved, _ in self._reserved.values():
             if other != pod:
-                for address in reserved & addresses:
-                    taken.setdefault(address, other)
+                for network, address in addresses:
+                    if any(a == address and _overlap(network, n) for n, a in reserved):
+                        taken.setdefault(address, other)
         if not taken:
-            self._reserved[container_id] = (pod, addresses, until)
+            self._reserved[token] = (pod, addresses, until)
         return taken
 
     def find_container(self, container_id):
@@ -482,12 +514,26 @@ class BindingTable(_Table):
         for container_id, _count in (old.sandboxes if old else ()):
             if self._by_container.get(container_id) == key:
                 del self._by_container[container_id]
-        for address in (old.addresses if old else ()):
-            holders = self._by_address.get(address)
+        for network, address in map(_scoped, old.addresses if old else ()):
+            networks = self._by_address.get(address, {})
+            holders = networks.get(network)
             if holders is not None:
                 holders.discard(key)
                 if not holders:
+                    del networks[network]
+                if not networks:
                     del self._by_address[address]
+
+
+def _scoped(address):
+    """``(network, address)``; a bare address is on every network (None)."""
+    return address if isinstance(address, tuple) else (None, address)
+
+
+def _overlap(network, other):
+    """Whether addresses on ``network`` and ``other`` may collide: the same network,
+    or either unknown."""
+    return network is None or other is None or network == other
 
 
 class StaleDelLog:

@@ -340,11 +340,12 @@ class DelQueue:
         self.directory = ensure_dir(os.path.join(state_dir, DEL_QUEUE))
         self._refusal = None        # why the directory is refused, as last logged
 
-    def entries(self):
+    def entries(self, due=None):
         """Yield ``(path, body)`` for complete entries, oldest first.
 
         None while the directory is :func:`unsafe_dir` (logged once); an entry
-        that is not root's is set aside unread.
+        that is not root's is set aside unread. ``due(name)``: whether to read
+        an entry now (one waiting for its next retry is skipped unread).
         """
         problem = unsafe_dir(self.directory)
         if problem != self._refusal:
@@ -354,7 +355,7 @@ class DelQueue:
         if problem is not None:
             return
         for name in sorted(os.listdir(self.directory)):
-            if not _QUEUE_ENTRY.match(name):
+            if not _QUEUE_ENTRY.match(name) or (due is not None and not due(name)):
                 continue
             path = os.path.join(self.directory, name)
             try:
@@ -368,6 +369,15 @@ class DelQueue:
                 self.set_aside(path, exc)
                 continue
             yield path, body
+
+    def names(self):
+        """The names of the complete entries, oldest first."""
+        return sorted(n for n in os.listdir(self.directory) if _QUEUE_ENTRY.match(n))
+
+    @staticmethod
+    def queued_at(name):
+        """When the shim queued entry ``name``: a ``time.time()``, from its name."""
+        return int(name.partition('-')[0]) / 1e9
 
     @staticmethod
     def done(path):

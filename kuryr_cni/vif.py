@@ -53,6 +53,9 @@ class VIF:
     parent: str | None = None    # vlan and macvlan kinds
     vlan_id: int | None = None   # vlan kind
     integration_bridge: str | None = None   # ovs-hybrid kind: the OVS bridge (br-int)
+    # The Neutron network of the port, when the VIF source says it: addresses
+    # are unique per network, not per node (kuryr_cni.records.vif_addresses).
+    network_id: str | None = None
 
     @property
     def bridges(self):
@@ -64,8 +67,9 @@ class VIF:
         d['ips'] = list(self.ips)
         d['gateways'] = list(self.gateways)
         d['routes'] = [dataclasses.asdict(r) for r in self.routes]
-        if d['integration_bridge'] is None:
-            del d['integration_bridge']     # records of other kinds stay as before it existed
+        for later in _LATER_FIELDS:
+            if d[later] is None:
+                del d[later]    # records without it stay as before the field existed
         return d
 
     @classmethod
@@ -86,7 +90,7 @@ def inactive_note(vifs):
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(VIF))
 # Fields added after records were first written: a record may lack them.
-_LATER_FIELDS = frozenset({'integration_bridge'})
+_LATER_FIELDS = frozenset({'integration_bridge', 'network_id'})
 
 # Neutron and os-vif name a hybrid-plugged port's devices after its ID, cut to
 # 14 characters: the qbr bridge, and the qvb (in the qbr) / qvo (on OVS) veth pair.
@@ -171,6 +175,8 @@ def parse_vif(spec):
                  else _int(spec['vlan_id'], 'vlan_id', 1, 4094)),
         integration_bridge=_optional_ifname(spec.get('integration_bridge'),
                                             'integration_bridge'),
+        network_id=(None if spec.get('network_id') is None
+                    else _match(spec['network_id'], _PORT_ID, 'network_id')),
     )
     if kind in BRIDGED_KINDS and vif.bridge is None:
         raise errors.InvalidVIF('kind %s needs a "bridge"' % kind)

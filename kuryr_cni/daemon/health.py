@@ -14,6 +14,12 @@ registry call and ``/proc`` reads.
   too much, or for too long, is named here until it stops), the CNI socket
   can take work (not every serving worker has its connections at their cap,
   :mod:`kuryr_cni.daemon.server`), and the daemon is not shutting down.
+
+Queued DELs whose replay fails are reported (``queued_dels_failing`` and a
+line in ``warnings``) but fail neither probe: they are leftovers of dead
+sandboxes, new pods still get their network, and a probe failing until an
+operator repairs OVSDB or the kernel would take every pod of the node out
+of service for one leftover, and restarting the daemon would not help.
 """
 
 import time
@@ -51,13 +57,20 @@ def judge(registry):
         problems.append('CNI socket saturated')
     if stopping:
         problems.append('shutting down')
+    warnings = []
+    if facts.queued_dels_failing:
+        warnings.append('%d queued DELs failing for up to %d s, retried with back-off '
+                        '(kuryr-cni-ctl queued-dels)' % (
+                            facts.queued_dels_failing,
+                            now - (facts.queued_dels_failing_since or now)))
     alive = bool(workers) and bool(watchers)
     return {'alive': alive,
             'ready': (alive and facts.synced and not facts.api_limits and not saturated
                       and not stopping),
             'registry': True, 'workers': len(workers), 'watcher_synced': facts.synced,
             'api_limits': list(facts.api_limits),
-            'socket_saturated': saturated, 'shutting_down': stopping, 'problems': problems}
+            'socket_saturated': saturated, 'shutting_down': stopping, 'problems': problems,
+            'queued_dels_failing': facts.queued_dels_failing, 'warnings': warnings}
 
 
 def _serving(processes, limit, now):

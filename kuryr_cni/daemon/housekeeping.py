@@ -6,6 +6,8 @@ socket opens. Three of its steps are needed again later:
 * replaying the DEL queue: a shim queues a DEL whenever it cannot reach the
   daemon, which also happens while the daemon runs (a DEL that timed out, one
   sent in the instant between the start-up replay and the socket opening);
+  and a queued DEL whose replay failed is retried here, with back-off
+  (:class:`kuryr_cni.daemon.recovery.Retries`);
 * resyncing the registry's binding mirror: a CNI worker killed between writing
   a binding file and updating its mirror leaves the mirror behind the file.
   The parent asks for it after every CNI worker death
@@ -34,10 +36,12 @@ INTERVAL = 2.0                      # seconds between two rounds of chores
 class Housekeeper:
     """Runs :meth:`tick` every ``interval`` seconds in a daemon thread until stopped."""
 
-    def __init__(self, ownership, queue, interval=INTERVAL):
+    def __init__(self, ownership, queue, interval=INTERVAL, retries=None):
         self.ownership = ownership
         self.queue = queue
         self.interval = interval
+        # The back-off of failing queued DELs lives as long as this thread.
+        self.retries = retries if retries is not None else recovery.Retries()
         self._stop = threading.Event()
         self._thread = None
 
@@ -73,6 +77,7 @@ class Housekeeper:
         # A killed writer's leftovers; a write in progress is never this old.
         self.ownership.store.remove_temporaries(while_running=True)
         self.queue.remove_temporaries()
-        replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop)
+        replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop,
+                                         retries=self.retries)
         if replayed:
             LOG.info('Replayed %d DELs the shim had queued', replayed)

@@ -11,16 +11,27 @@
    dir), not that its sandbox is dead: its pod may well be running. The DEL of
    that sandbox removes it, by its tag.
 4. Replay the DELs the shim queued while the daemon was down, with the normal
-   ownership rules; a corrupt entry is set aside, never fatal.
+   ownership rules; an entry that is not a DEL is set aside, never fatal.
 
 No request can see a half-rebuilt state because none is accepted yet.
 
 While the daemon runs, :mod:`kuryr_cni.daemon.housekeeping` calls
-:func:`replay_queue` again (DELs queued while it was briefly unreachable) and
-:func:`resync_mirror` after a CNI worker died between writing a binding file
-and its registry mirror.
+:func:`replay_queue` again (DELs queued while it was briefly unreachable, and
+those whose replay failed) and :func:`resync_mirror` after a CNI worker died
+between writing a binding file and its registry mirror.
+
+A queued DEL was answered "success" to the runtime by the shim: nothing else
+will ever send it again. So whatever makes its replay fail (a kernel or OVSDB
+refusal, a binding of a newer format, a pod lock held too long) keeps it in
+the queue, retried with back-off (:class:`Retries`), counted
+(``kuryr_cni_queued_del_failures_total``) and shown (``/ready``'s
+``queued_dels_failing``, ``kuryr-cni-ctl queued-dels``). Only an entry that is
+not a DEL at all is set aside at once; one that kept failing for
+:data:`RETRY_AGE_LIMIT` is set aside too, loudly.
 """
 
+import dataclasses
+import os
 import time
 
 from oslo_log import log as logging
@@ -33,6 +44,21 @@ LOG = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT = 30      # seconds for one queued DEL
 RESYNC_LOCK_TIMEOUT = 5  # seconds to wait for one pod's lock when resyncing the mirror
+
+# A failed queued DEL is retried after RETRY_FIRST seconds (a housekeeping
+# round), then after twice as long each time, at most RETRY_CAP apart: once
+# what failed it passes (an OVSDB failover takes seconds, a refused device is
+# let go), the DEL is applied within a minute, and a DEL that keeps failing
+# costs one attempt and one log line a minute.
+RETRY_FIRST = 2.0
+RETRY_CAP = 60.0
+# After failing without a break for a day it is set aside: longer than any
+# passing cause (a failover, a node under maintenance, a downgrade and its
+# upgrade back within a working day); past that, retrying for ever would hide
+# a failure only an operator can fix. Set aside, it is logged as an error and
+# counted, and moving it back into the queue replays it.
+RETRY_AGE_LIMIT = 24 * 3600
+LISTED = 100             # failing entries shown to operators, oldest first
 
 
 def restore(ownership, queue, lock_dir):
@@ -62,40 +88,132 @@ def find_unrecorded_devices(bindings, kernel):
     return unrecorded
 
 
-def replay_queue(ownership, queue, stop=None):
-    """Replay every complete queued DEL, oldest first; returns how many were done.
+@dataclasses.dataclass
+class _Failing:
+    """A queued DEL whose replay failed, and when it is tried again."""
+
+    pod: str | None
+    container_id: str
+    ifname: str
+    first: float            # time.monotonic() of its first failure
+    since: float            # time.time() of it, for people
+    attempts: int = 0
+    next_try: float = 0.0   # time.monotonic()
+    error: str = ''
+
+
+class Retries:
+    """The back-off of the queued DELs whose replay failed, by entry name; in memory.
+
+    A fresh one finds every entry due: the first pass at start, and the first
+    round of a restarted housekeeper, try them all.
+    """
+
+    def __init__(self, first=RETRY_FIRST, cap=RETRY_CAP, age_limit=RETRY_AGE_LIMIT):
+        self.first, self.cap, self.age_limit = first, cap, age_limit
+        self._failing = {}      # entry name -> _Failing
+        self._published = None
+
+    def due(self, name):
+        failing = self._failing.get(name)
+        return failing is None or time.monotonic() >= failing.next_try
+
+    def failed(self, name, req, error):
+        """Note a failed replay; returns its :class:`_Failing`."""
+        now = time.monotonic()
+        failing = self._failing.get(name)
+        if failing is None:
+            failing = self._failing[name] = _Failing(
+                req.pod.key if req.pod else None, req.container_id, req.ifname, now,
+                time.time())
+        failing.attempts += 1
+        failing.next_try = now + min(self.cap, self.first * 2 ** (failing.attempts - 1))
+        failing.error = _describe(error)
+        return failing
+
+    def expired(self, failing):
+        return time.monotonic() - failing.first >= self.age_limit
+
+    def forget(self, name):
+        self._failing.pop(name, None)
+
+    def publish(self, status, present):
+        """Tell the registry which entries fail (forgetting those gone from ``present``)."""
+        for name in set(self._failing) - set(present):
+            del self._failing[name]
+        now, wall = time.monotonic(), time.time()
+        listed = [{'entry': name, 'pod': f.pod, 'container_id': f.container_id,
+                   'ifname': f.ifname, 'failing_since': f.since, 'attempts': f.attempts,
+                   'next_try': wall + max(0.0, f.next_try - now), 'error': f.error}
+                  for name, f in sorted(self._failing.items())[:LISTED]]
+        view = (len(self._failing), min((f.first for f in self._failing.values()), default=None),
+                [(e['entry'], e['attempts']) for e in listed])
+        if view != self._published:     # one Manager call per change, not per round
+            status.note_queued_dels(len(self._failing), view[1], listed)
+            self._published = view
+
+
+def replay_queue(ownership, queue, stop=None, retries=None):
+    """Replay every complete queued DEL that is due, oldest first; returns how many were done.
 
     An entry is removed only once its DEL has been applied, so a replay cut
     short (the process killed) is repeated, which DEL's rules make harmless.
-    A DEL that failed for a passing reason is kept for the next replay; one
-    that can never succeed is set aside. ``stop`` (an Event) ends the replay
-    between two entries.
+    A DEL that failed, for whatever reason, is kept and tried again when
+    ``retries`` (a :class:`Retries`; None: one of its own) says; only an entry
+    that is not a DEL, and one failing for ``retries.age_limit``, are set
+    aside. ``stop`` (an Event) ends the replay between two entries.
     """
+    retries = retries if retries is not None else Retries()
     replayed = 0
-    for path, body in queue.entries():
+    for path, body in queue.entries(due=retries.due):
         if stop is not None and stop.is_set():
             break
+        name = os.path.basename(path)
         try:
             req = cni_request.parse(body, 'DEL')
-            outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT)
         except errors.CNIError as exc:
-            if exc.retry:
-                LOG.warning('Queued DEL %s failed, keeping it for the next replay: %s',
-                            path, exc.msg)
-                continue
-            queue.set_aside(path, 'an invalid DEL: %s' % exc.msg)
+            queue.set_aside(path, 'not a valid DEL: %s' % exc.msg)
+            retries.forget(name)
             continue
+        try:
+            outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT)
         except (ConnectionError, EOFError):
             raise           # the registry is gone: nothing more can be replayed
-        except Exception:   # never fatal: the daemon must start, the entry stays for later
-            LOG.exception('Queued DEL %s failed unexpectedly, keeping it for the next replay',
-                          path)
+        except Exception as exc:    # never fatal, never dropped: the runtime was told success
+            _failed(queue, path, req, exc, retries)
             continue
         LOG.info('Replayed queued DEL %s for %s: %s', path, req.container_id, outcome)
         metrics.del_replayed()
         queue.done(path)
+        retries.forget(name)
         replayed += 1
+    retries.publish(ownership.registry.status, queue.names())
     return replayed
+
+
+def _failed(queue, path, req, exc, retries):
+    failing = retries.failed(os.path.basename(path), req, exc)
+    metrics.queued_del_failed()
+    what = 'queued DEL %s of sandbox %s (pod %s, %s)' % (
+        path, req.container_id, failing.pod or 'unnamed', req.ifname)
+    if retries.expired(failing):
+        LOG.error('Giving up on the %s: it has failed %d times since %s, lastly with: %s. '
+                  'Its devices and record stay; move it back into the queue to replay it',
+                  what, failing.attempts, time.ctime(failing.since), failing.error)
+        queue.set_aside(path, 'its DEL failed for %d s: %s'
+                        % (retries.age_limit, failing.error))
+        retries.forget(os.path.basename(path))
+        return
+    LOG.warning('The %s failed (attempt %d), keeping it and trying again in %.0f s: %s',
+                what, failing.attempts, failing.next_try - time.monotonic(), failing.error,
+                exc_info=not isinstance(exc, errors.CNIError))
+
+
+def _describe(error):
+    if isinstance(error, errors.CNIError):
+        return '%s (code %d)%s' % (error.msg, error.code,
+                                   ': %s' % error.details if error.details else '')
+    return '%s: %s' % (type(error).__name__, error)
 
 
 def resync_mirror(ownership):

@@ -332,3 +332,99 @@ def test_issue20_a_del_planted_by_someone_else_is_set_aside_not_replayed(daemon,
     assert 'it belongs to uid 65534, not to root' in log and 'it is a symbolic link' in log
     assert runtime.delete(pod).ok                   # the runtime's own DEL still works
     assert set(node.links(pod.netns)) == {'lo'}
+
+
+# Issue 31, hole 2: a queued DEL whose replay fails is kept and retried, never dropped ---
+
+def test_issue31_a_queued_del_that_fails_is_kept_shown_and_applied_once_it_can_be(
+        daemon, runtime):
+    """The daemon was downgraded while a DEL was queued: the pod's binding is of a newer
+    format, so the replay fails (code 5). The entry stays, shown by the metric, /ready
+    and kuryr-cni-ctl; once the binding is readable again (the upgrade back), a retry
+    applies the DEL and nothing of the sandbox is left."""
+    node = daemon
+    pod = crash.make_pod(node, 9)
+    assert runtime.add(pod).ok
+    assert node.stop_daemon() == 0
+    path = the_binding_file(node)
+    with open(path) as f:
+        record = json.load(f)
+    with open(path, 'w') as f:
+        json.dump(dict(record, format=99), f)
+    assert runtime.delete(pod).ok               # the shim queues it and reports success
+    (entry,) = crash.queue_entries(node)
+
+    node.start_daemon()
+    wait.until(lambda: helpers.metric(node, 'kuryr_cni_queued_del_failures_total') >= 2, 15,
+               'the queued DEL to fail at start and in a retry')
+    assert crash.queue_entries(node) == [entry]     # kept, not set aside
+    status, ready = crash.health(node, 'ready')
+    assert (status, ready['queued_dels_failing']) == (200, 1), ready
+    assert 'queued DELs failing' in ready['warnings'][0]
+    status, listed = crash.daemon_get(node, '/v1/queued-dels')     # kuryr-cni-ctl's view
+    (shown,) = listed['entries']
+    assert (shown['entry'], shown['pod'], shown['container_id']) == (
+        entry, 'default/pod-9', pod.container_id)
+    assert 'newer kuryr-cni' in shown['error'] and '(code 5)' in shown['error']
+    assert owner_tag.host_ifname(pod.container_id, 'eth0') in node.links()
+
+    with open(path, 'w') as f:                  # the upgrade back
+        json.dump(record, f)
+    wait.until(lambda: crash.queue_entries(node) == [], 90, 'the retry to apply the DEL')
+    assert helpers.leftovers(node) == helpers.NOTHING
+    assert set(node.links(pod.netns)) == {'lo'}
+    assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
+    wait.until(lambda: crash.health(node, 'ready')[1]['queued_dels_failing'] == 0, 15,
+               'the failing count to clear')
+
+
+def _ovsdb_read_only(switch, read_only):
+    """ovsdb-server as a backup during a failover (every write answered "not allowed"),
+    or active again."""
+    commands = (['ovsdb-server/set-active-ovsdb-server', 'unix:' + os.path.join(
+        switch.dir, 'no-active.sock')], ['ovsdb-server/connect-active-ovsdb-server']) \
+        if read_only else (['ovsdb-server/disconnect-active-ovsdb-server'],)
+    for command in commands:
+        subprocess.run(['ovs-appctl', '-t', os.path.join(switch.dir, 'ovsdb-server.ctl'),
+                        *command], env=switch.env, check=True, capture_output=True,
+                       timeout=20)
+
+
+def test_issue31_a_queued_del_refused_by_a_read_only_ovsdb_is_retried_until_it_applies(
+        node, br_int, runtime):
+    """Issue 31's probe: a DEL queued while the daemon was down, replayed while
+    ovsdb-server answers "not allowed" (a read-only backup). On 2c4a2fa the entry was
+    set aside and the pod's Interface row stayed on br-int for good."""
+    switch = br_int
+    extra = ('\n[cni_daemon]\nvif_source = annotation\n[binding]\novsdb_connection = %s\n'
+             % switch.connection)
+    node.start_daemon(workers=2, extra=extra)
+    vifs = node.vifs(5, kind='ovs', bridge='br-int', port_id='5d0b-port-5',
+                     ips=['10.20.0.5/24'], gateway='10.20.0.1')
+    node.api.create_pod('default', 'web-0', testhost.NODE, uid='uid-web-0',
+                        annotations={'kuryr.openstack.org/vifs': json.dumps(vifs)})
+    sandbox = testruntime.Sandbox('sandbox-a', node.pod_netns(), 'web-0', pod_uid='uid-web-0')
+    try:
+        assert runtime.add(sandbox).ok
+        [port] = switch.ports('br-int')
+        assert node.stop_daemon() == 0
+        assert runtime.delete(sandbox).ok       # queued: the daemon is down
+        (entry,) = crash.queue_entries(node)
+        _ovsdb_read_only(switch, True)
+        try:
+            node.start_daemon(workers=2, extra=extra)
+            wait.until(lambda: helpers.metric(
+                node, 'kuryr_cni_queued_del_failures_total') >= 3, 30,
+                'the queued DEL to fail at start and in two retries')
+            assert crash.queue_entries(node) == [entry]
+            assert switch.ports('br-int') == {port}
+            status, listed = crash.daemon_get(node, '/v1/queued-dels')
+            assert 'not allowed' in listed['entries'][0]['error'], listed
+        finally:
+            _ovsdb_read_only(switch, False)     # the failover is over
+        wait.until(lambda: crash.queue_entries(node) == [], 90, 'the retry to apply the DEL')
+        assert switch.ports('br-int') == set()
+        assert helpers.leftovers(node) == helpers.NOTHING
+        assert set(node.links(sandbox.netns)) == {'lo'}
+    finally:
+        node.stop_daemon()

@@ -87,11 +87,29 @@ def later():
     return time.monotonic() + 60
 
 
-def test_summary_holds_every_mac_and_ip():
+def test_summary_holds_every_mac_ip_and_port_on_its_network():
     summary = binding_of('ns/a', 'cid-a', vif(ips=['10.10.0.5/24', 'fd00::5/64']),
-                         vif(mac='fa:16:3e:00:00:06', ips=['10.20.0.6/24'])).summary()
-    assert summary.addresses == {'fa:16:3e:00:00:05', '10.10.0.5', 'fd00::5',
-                                 'fa:16:3e:00:00:06', '10.20.0.6'}
+                         vif(mac='fa:16:3e:00:00:06', ips=['10.20.0.6/24'], port_id='port-6',
+                             network_id='net-2')).summary()
+    assert summary.addresses == {
+        (None, 'fa:16:3e:00:00:05'), (None, '10.10.0.5'), (None, 'fd00::5'),
+        ('net-2', 'fa:16:3e:00:00:06'), ('net-2', '10.20.0.6'),
+        (None, 'port port-5'), (None, 'port port-6')}
+
+
+def test_addresses_collide_on_one_network_or_where_one_is_not_known(registry):
+    registry.bindings.put('ns/a', binding_of('ns/a', 'cid-a', vif(network_id='net-1')).summary())
+    assert registry.bindings.reserve_addresses(
+        'cid-b', 'ns/b', {('net-2', '10.10.0.5')}, later()) == {}
+    assert registry.bindings.reserve_addresses(
+        'cid-c', 'ns/c', {('net-1', '10.10.0.5')}, later()) == {'10.10.0.5': 'ns/a'}
+    assert registry.bindings.reserve_addresses(
+        'cid-c', 'ns/c', {(None, '10.10.0.5')}, later()) == {'10.10.0.5': 'ns/a'}
+    # ... and the reservation of an ADD in flight (ns/b's, on net-2) likewise
+    assert registry.bindings.reserve_addresses(
+        'cid-d', 'ns/d', {('net-2', '10.10.0.5')}, later()) == {'10.10.0.5': 'ns/b'}
+    assert registry.bindings.reserve_addresses(
+        'cid-e', 'ns/e', {('net-3', '10.10.0.5')}, later()) == {}
 
 
 def test_an_address_another_pods_binding_holds_is_refused(registry):

@@ -113,3 +113,15 @@ def test_an_absent_daemon_is_status_2(tmp_path):
     proc = _run('--socket', str(tmp_path / 'none.sock'), 'status')
     assert proc.returncode == 2
     assert 'cannot reach the daemon at %s' % (tmp_path / 'none.sock') in proc.stderr
+
+
+def test_queued_dels_lists_the_failing_entries_with_their_last_error():
+    entry = {'entry': '1700000000000000000-42.json', 'pod': 'default/web-0',
+             'container_id': 'a' * 64, 'ifname': 'eth0', 'failing_since': 1700000000,
+             'attempts': 7, 'next_try': 1700000060, 'error': 'OVSDB: not allowed (code 101)'}
+    text = ctl.show_queued({'failing': 3, 'entries': [entry]})
+    header, row, more = text.splitlines()
+    assert header.split()[:4] == ['ENTRY', 'POD', 'SANDBOX', 'ATTEMPTS']
+    assert row.startswith('1700000000000000000-42.json  default/web-0  ' + 'a' * 20 + '  7 ')
+    assert row.endswith('OVSDB: not allowed (code 101)')
+    assert more == '... and 2 more'

@@ -231,3 +231,17 @@ def test_a_receiver_that_never_reads_cannot_block_the_notifier(systemd):
     started = time.monotonic()
     assert sdnotify.notify('STOPPING=1', env) is False
     assert time.monotonic() - started < sdnotify.SEND_TIMEOUT + 2
+
+
+def test_failing_queued_dels_are_reported_but_fail_no_probe(registry):
+    """A dead sandbox's leftover must not take every pod of the node out of service."""
+    _healthy(registry)
+    registry.status.note_queued_dels(2, time.monotonic() - 90, [])
+    facts = health.judge(registry)
+    assert (facts['alive'], facts['ready'], facts['problems']) == (True, True, [])
+    assert facts['queued_dels_failing'] == 2
+    assert facts['warnings'] == [
+        '2 queued DELs failing for up to 90 s, retried with back-off '
+        '(kuryr-cni-ctl queued-dels)']
+    registry.status.note_queued_dels(0, None, [])
+    assert health.judge(registry)['warnings'] == []

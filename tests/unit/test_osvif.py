@@ -23,6 +23,7 @@ def test_open_vswitch_vif_with_port_profile_1_4():
     assert vif.ips == IPS and vif.gateways == GATEWAYS
     assert [(r.dst, r.gw) for r in vif.routes] == [('192.168.0.0/16', '10.0.0.62')]
     assert vif.active and vif.default
+    assert vif.network_id == fx.NETWORK_ID         # the address fence is per network
 
 
 def test_what_kuryr_controller_10_0_0_wrote():
@@ -40,6 +41,7 @@ def test_what_kuryr_controller_10_0_0_wrote():
     assert vif.ips == (ip['versioned_object.data']['address'] + '/24',)
     assert vif.gateways == ('10.20.0.1',) and vif.routes == ()
     assert vif.active == data['active'] and vif.default
+    assert vif.network_id == data['network']['versioned_object.data']['id']
 
 
 @pytest.mark.parametrize('version', ['1.0', '1.1', '1.2', '1.3', '1.4'])

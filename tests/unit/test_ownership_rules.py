@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from kuryr_cni import errors
 from kuryr_cni import metrics
 from kuryr_cni import ownership as ownership_mod
 from kuryr_cni import podlock
@@ -34,8 +35,10 @@ from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
 from kuryr_cni import vif as vif_model
 from kuryr_cni.daemon import api
+from kuryr_cni.daemon import housekeeping
 from kuryr_cni.daemon import recovery
 from tests import wait
+from tests.unit import recording_kernel
 
 NETWORK = 'kuryr'
 NAMESPACE, NAME = 'default', 'web-0'
@@ -510,3 +513,230 @@ def test_an_address_another_pod_holds_is_refused_and_changes_nothing(world):
     assert world.effects() == []
     assert world.ownership.store.load(other) is None
     assert not os.path.exists(world.ownership.locks.path(other))
+
+
+# -- two ADDs of one sandbox (a runtime's retry while the first still runs) ------------
+
+def test_the_first_of_two_adds_of_one_sandbox_to_end_leaves_the_other_in_flight(
+        world, monkeypatch):
+    """The runtime retries ADD A while the first ADD A waits for its VIFs to be active;
+    the retry is plugging when the first ends. It stays in flight (a GC spares what it
+    plugs) until it ends itself: each ADD has its own mark, not its sandbox's."""
+    world.start_add('A')
+    plugging, release = threading.Event(), threading.Event()
+    connect = world.kernel.connect
+
+    def held(vif, plug):
+        plugging.set()
+        release.wait(30)
+        connect(vif, plug)
+    monkeypatch.setattr(world.kernel, 'connect', held)
+    retry = world.pool.submit(world.request, 'ADD', 'A')
+    try:
+        assert plugging.wait(30)
+        assert world.finish('A') == 'ok'            # the first ADD ends
+        in_flight = world.registry.bindings.adds_since(0)
+    finally:
+        release.set()
+    assert 'A' in in_flight
+    assert retry.result(timeout=30) == 'ok'
+    assert 'A' not in world.registry.bindings.adds_since(0)
+    assert world.owner() == 'A'
+
+
+# -- a plug that fails, and whose rollback fails too ------------------------------------
+
+def test_a_failed_plug_whose_rollback_fails_keeps_its_record_for_the_owners_del(
+        world, monkeypatch):
+    """The plug fails after making A's devices and removing them fails too (the kernel
+    refuses once): the 'plugging' record stays, so the runtime's DEL A removes them."""
+    world.kernel.fail_connect = errors.BindingFailed('the kernel refused the veth')
+    disconnect = world.kernel.disconnect
+    refusals = [errors.BindingFailed('the kernel refused to remove it')]
+
+    def refusing_once(kind, plug):
+        if refusals and (plug.container_id, plug.ifname) in world.kernel.host:
+            raise refusals.pop()
+        disconnect(kind, plug)
+    monkeypatch.setattr(world.kernel, 'disconnect', refusing_once)
+
+    assert world.request('ADD', 'A') == 101
+    assert world.effects() == MAKE_A                # made, and still there
+    attachment = world.ownership.store.load(POD).sandboxes['A'].attachments[
+        ('kuryr', 'eth0')]
+    assert attachment.state == 'plugging'
+    assert world.request('DEL', 'A') == 'ok'
+    assert world.effects() == HOST_A
+    assert world.owner() is None and world.ownership.store.load(POD) is None
+
+
+def test_a_failed_plug_whose_rollback_worked_leaves_no_attachment(world):
+    world.kernel.fail_connect = errors.BindingFailed('the kernel refused the veth')
+    assert world.request('ADD', 'A') == 101
+    assert world.effects() == MAKE_A + HOST_A
+    binding = world.ownership.store.load(POD)
+    assert binding is None or not binding.sandboxes['A'].attachments
+
+
+def test_the_owners_del_removes_its_tagged_devices_the_record_does_not_name(world):
+    """The owner's record lost the attachment (a file restored from a backup, a
+    hand edit): its DEL still removes the devices tagged for it, by their tag."""
+    assert world.request('ADD', 'A') == 'ok'
+    world.effects()
+    binding = world.ownership.store.load(POD)
+    binding.sandboxes['A'].attachments.clear()
+    world.ownership.store.save(binding)
+    assert world.request('DEL', 'A') == 'ok'
+    assert world.effects() == HOST_A
+
+
+# -- a queued DEL is never lost -------------------------------------------------------
+
+def queue_del(world, cid):
+    """What the shim does with DEL ``cid`` while the daemon is down: a queue entry."""
+    body = {'CNI_COMMAND': 'DEL', 'CNI_CONTAINERID': cid, 'CNI_NETNS': world.netns(cid),
+            'CNI_IFNAME': 'eth0', 'CNI_PATH': '/opt/cni/bin',
+            'CNI_ARGS': 'K8S_POD_NAMESPACE=%s;K8S_POD_NAME=%s;K8S_POD_UID=%s'
+                        % (NAMESPACE, NAME, UID1),
+            'config': {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}}
+    queue = state.DelQueue(world.state_dir)
+    state.write_atomically(queue.directory, '%d-1.json' % time.time_ns(),
+                           json.dumps(body).encode())
+    return queue
+
+
+def test_a_queued_del_refused_once_by_the_kernel_is_kept_and_applied_by_the_retry(world):
+    """Issue 31's probe: the kernel refuses the replayed DEL's unplug once (code 101)."""
+    assert world.request('ADD', 'A') == 'ok'
+    world.effects()
+    queue = queue_del(world, 'A')
+    disconnect = world.kernel.disconnect
+    refusals = [errors.BindingFailed('the kernel refused to remove the veth')]
+
+    def refusing_once(kind, plug):
+        if refusals:
+            raise refusals.pop()
+        disconnect(kind, plug)
+    world.kernel.disconnect = refusing_once
+
+    world.restart()                             # the first pass, before the socket opens
+    assert world.effects() == [] and world.owner() == 'A'
+    assert queue.names() != []                  # kept, not set aside
+    assert world.registry.status.queued_dels()['failing'] == 1
+    keeper = housekeeping.Housekeeper(world.ownership, queue,
+                                      retries=recovery.Retries(first=0))
+    keeper.tick()                               # the retry, after the socket opened
+    assert world.effects() == HOST_A
+    assert world.ownership.store.load(POD) is None
+    assert os.listdir(queue.directory) == []
+    assert world.registry.status.queued_dels()['failing'] == 0
+
+
+class FailingAt:
+    """The recording kernel, whose N-th call of any method (and the store's N-th write,
+    counted with them) fails as a kernel or OVSDB refusal or a full disk would."""
+
+    def __init__(self, kernel, store, n):
+        self._kernel, self.n, self.calls = kernel, n, 0
+        for name in ('save', 'remove'):
+            setattr(store, name, self._step(getattr(store, name), errors.StateFailure(
+                'state dir: cannot write', 'error 28 (No space left on device)')))
+
+    def _step(self, method, error):
+        def step(*args, **kwargs):
+            self.calls += 1
+            if self.calls == self.n:
+                raise error
+            return method(*args, **kwargs)
+        return step
+
+    def __getattr__(self, name):
+        return self._step(getattr(self._kernel, name),
+                          errors.BindingFailed('refused at step %d' % self.n))
+
+
+def test_a_queued_del_is_never_lost_whichever_step_of_its_replay_fails(tmp_path, kernel):
+    """For every N, a world whose N-th step of the replayed DEL fails: the entry stays,
+    and the next replay removes every device and record of the sandbox."""
+    for n in range(1, 100):
+        world = World(tmp_path / str(n), recording_kernel.RecordingKernel())
+        try:
+            world.publish()
+            assert world.request('ADD', 'A') == 'ok'
+            world.restart()                     # the daemon went down; the shim queues
+            queue = queue_del(world, 'A')
+            world.kernel.take_effects()
+            failing = FailingAt(world.kernel, world.ownership.store, n)
+            world.ownership.kernel = failing
+            replayed = recovery.replay_queue(world.ownership, queue)
+            world.ownership.kernel = world.kernel
+            retried = recovery.replay_queue(world.ownership, queue,
+                                            retries=recovery.Retries(first=0))
+            assert (n, replayed + retried) == (n, 1)
+            assert (n, os.listdir(queue.directory)) == (n, [])
+            assert world.kernel.host == {} and set(world.kernel.namespaces[
+                world.netns('A')]) == {'lo'}, n
+            assert world.ownership.store.load(POD) is None, n
+            if failing.calls < n:               # every step has had its fault
+                assert n > 3
+                break
+        finally:
+            world.close()
+    else:
+        raise AssertionError('the DEL never got past its faults')
+
+
+# -- the address fence: by network, and one port per pod --------------------------------
+
+def add_other_pod(world, name, **vif):
+    """ADD of pod ``default/<name>``, whose eth0 is world's VIF with ``vif`` changed."""
+    body = dict(bridge_vif(), **vif)
+    world.registry.put_pod('default/' + name, {'uid': 'uid-' + name, 'vifs': {'eth0': body},
+                                               'error': None, 'deleting': False})
+    request = {'CNI_COMMAND': 'ADD', 'CNI_CONTAINERID': name, 'CNI_NETNS': world.netns(name),
+               'CNI_IFNAME': 'eth0', 'CNI_PATH': '/opt/cni/bin',
+               'CNI_ARGS': 'K8S_POD_NAMESPACE=default;K8S_POD_NAME=%s;K8S_POD_UID=uid-%s'
+                           % (name, name),
+               'config': {'cniVersion': '1.1.0', 'name': NETWORK, 'type': 'kuryr-cni'}}
+    status, payload = world.app.handle(PATHS['ADD'], json.dumps(request).encode())
+    return 'ok' if status == 200 else (json.loads(payload)['code'], json.loads(payload)['msg'])
+
+
+def publish_on(world, network_id):
+    world.pod_record = {'uid': UID1, 'vifs': {'eth0': dict(bridge_vif(),
+                                                           network_id=network_id)},
+                        'error': None, 'deleting': False}
+    world.registry.put_pod(POD, world.pod_record)
+
+
+OTHER_PORT = {'port_id': 'port-6', 'mac': 'fa:16:3e:00:00:06'}
+
+
+def test_pods_on_two_networks_may_hold_the_same_addresses(world):
+    """Two tenants' networks with overlapping subnets (and Neutron's MACs are unique per
+    network only): the fence is per network where the VIFs name theirs."""
+    publish_on(world, 'net-1')
+    assert world.request('ADD', 'A') == 'ok'
+    assert add_other_pod(world, 'other', network_id='net-2', port_id='port-6') == 'ok'
+
+
+@pytest.mark.parametrize('network', ['net-1', None], ids=['same network', 'network unknown'])
+def test_an_address_held_on_the_same_or_an_unknown_network_is_refused(world, network):
+    publish_on(world, 'net-1')
+    assert world.request('ADD', 'A') == 'ok'
+    vif = dict(OTHER_PORT, mac='fa:16:3e:00:00:05')
+    if network:
+        vif['network_id'] = network
+    code, msg = add_other_pod(world, 'other', **vif)
+    assert (code, msg) == (7, '10.0.0.5, fa:16:3e:00:00:05 bound to another pod of this node')
+
+
+def test_two_pods_never_share_a_port(world):
+    """One Neutron port is one OVS iface-id: a second pod naming it is refused, whatever
+    its addresses."""
+    assert world.request('ADD', 'A') == 'ok'
+    world.effects()
+    code, msg = add_other_pod(world, 'other', mac='fa:16:3e:00:00:06', ips=['10.0.0.6/24'])
+    assert (code, msg) == (7, 'port port-5 bound to another pod of this node')
+    assert world.effects() == []
+    assert world.ownership.store.load('default/other') is None

@@ -66,15 +66,19 @@ def test_resync_skips_a_pod_whose_lock_stays_busy(ownership, registry, monkeypat
 
 
 class ScriptedDeletes:
-    """An ownership whose DELs answer from a script: container ID -> outcome or exception."""
+    """An ownership whose DELs answer from a script: container ID -> outcome or exception
+    (a list: one answer per attempt)."""
 
-    def __init__(self, script):
+    def __init__(self, script, registry):
         self.script = script
+        self.registry = registry
         self.seen = []
 
     def delete(self, req, deadline):
         self.seen.append(req.container_id)
         answer = self.script[req.container_id]
+        if isinstance(answer, list):
+            answer = answer.pop(0)
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -88,25 +92,77 @@ def queued_del(queue, name, container_id):
     state.write_atomically(queue.directory, name, json.dumps(body).encode())
 
 
-def test_replay_removes_done_entries_and_keeps_what_may_succeed_later(tmp_path):
+def test_replay_removes_done_entries_keeps_every_failed_one_and_sets_aside_only_non_dels(
+        tmp_path, registry):
+    """The shim told the runtime "success" for each: a DEL whose replay fails, for any
+    reason, is kept for a retry; only what is no DEL at all is set aside."""
     queue = state.DelQueue(str(tmp_path))
-    queued_del(queue, '1-1.json', 'done')
-    queued_del(queue, '2-1.json', 'busy')
-    queued_del(queue, '3-1.json', 'bug')
-    queued_del(queue, '4-1.json', 'invalid')
-    queued_del(queue, '5-1.json', 'stale')
+    for name, cid in (('1-1.json', 'done'), ('2-1.json', 'busy'), ('3-1.json', 'bug'),
+                      ('4-1.json', 'refused'), ('5-1.json', 'stale'), ('6-1.json', 'newer'),
+                      ('7-1.json', 'host-netns'), ('8-1.json', '')):
+        queued_del(queue, name, cid)
     owner = ScriptedDeletes({'done': 'success', 'stale': 'stale',
                              'busy': errors.TryAgainLater('pod lock busy'),
                              'bug': RuntimeError('unexpected'),
-                             'invalid': errors.InvalidEnvironment('no')})
+                             'refused': errors.BindingFailed('the kernel refused'),
+                             'newer': errors.UnreadableState('written by a newer kuryr-cni'),
+                             'host-netns': errors.InvalidEnvironment('no')}, registry)
     assert recovery.replay_queue(owner, queue) == 2
-    assert owner.seen == ['done', 'busy', 'bug', 'invalid', 'stale']
-    kept, aside = sorted(os.listdir(queue.directory))[:2], sorted(os.listdir(queue.directory))[2:]
-    assert kept == ['2-1.json', '3-1.json']
-    assert [name.partition('.corrupt-')[0] for name in aside] == ['4-1.json']
+    assert owner.seen == ['done', 'busy', 'bug', 'refused', 'stale', 'newer', 'host-netns']
+    names = sorted(os.listdir(queue.directory))
+    assert [n for n in names if '.corrupt-' not in n] == [
+        '2-1.json', '3-1.json', '4-1.json', '6-1.json', '7-1.json']
+    assert [n.partition('.corrupt-')[0] for n in names if '.corrupt-' in n] == ['8-1.json']
+    queued = registry.status.queued_dels()
+    assert queued['failing'] == 5
+    assert [(e['entry'], e['container_id'], e['attempts']) for e in queued['entries']] == [
+        ('2-1.json', 'busy', 1), ('3-1.json', 'bug', 1), ('4-1.json', 'refused', 1),
+        ('6-1.json', 'newer', 1), ('7-1.json', 'host-netns', 1)]
+    assert 'the kernel refused (code 101)' in queued['entries'][2]['error']
+    assert registry.status.facts().queued_dels_failing == 5
 
 
-def test_replay_stops_between_entries_when_asked(tmp_path):
+def test_a_failing_queued_del_is_retried_with_back_off_until_it_is_applied(
+        tmp_path, registry, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(recovery.time, 'monotonic', lambda: clock[0])
+    queue = state.DelQueue(str(tmp_path))
+    queued_del(queue, '1-1.json', 'a')
+    refused = errors.BindingFailed('OVSDB: not allowed')
+    owner = ScriptedDeletes({'a': [refused] * 5 + ['success']}, registry)
+    retries = recovery.Retries(first=2, cap=10, age_limit=3600)
+    tried_at = []
+    for _ in range(60):
+        seen = len(owner.seen)
+        recovery.replay_queue(owner, queue, retries=retries)
+        if len(owner.seen) > seen:
+            tried_at.append(clock[0] - 1000)
+        clock[0] += 1
+    assert tried_at == [0, 2, 6, 14, 24, 34]      # 2, 4, 8, then at most 10 s apart
+    assert os.listdir(queue.directory) == []
+    assert registry.status.queued_dels() == {'failing': 0, 'entries': []}
+
+
+def test_a_queued_del_failing_past_the_age_limit_is_set_aside_loudly(tmp_path, registry,
+                                                                     monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(recovery.time, 'monotonic', lambda: clock[0])
+    queue = state.DelQueue(str(tmp_path))
+    queued_del(queue, '1-1.json', 'a')
+    owner = ScriptedDeletes({'a': errors.BindingFailed('refused')}, registry)
+    retries = recovery.Retries(first=2, cap=10, age_limit=60)
+    recovery.replay_queue(owner, queue, retries=retries)
+    clock[0] += 59
+    recovery.replay_queue(owner, queue, retries=retries)
+    assert os.listdir(queue.directory) == ['1-1.json']
+    clock[0] += 10
+    recovery.replay_queue(owner, queue, retries=retries)
+    (aside,) = os.listdir(queue.directory)
+    assert aside.startswith('1-1.json.corrupt-')
+    assert registry.status.queued_dels()['failing'] == 0
+
+
+def test_replay_stops_between_entries_when_asked(tmp_path, registry):
     queue = state.DelQueue(str(tmp_path))
     queued_del(queue, '1-1.json', 'first')
     queued_del(queue, '2-1.json', 'second')
@@ -117,7 +173,7 @@ def test_replay_stops_between_entries_when_asked(tmp_path):
             stop.set()
             return super().delete(req, deadline)
 
-    owner = StopAfterOne({'first': 'success', 'second': 'success'})
+    owner = StopAfterOne({'first': 'success', 'second': 'success'}, registry)
     assert recovery.replay_queue(owner, queue, stop=stop) == 1
     assert os.listdir(queue.directory) == ['2-1.json']
 

@@ -502,3 +502,18 @@ def _watch_stable(reg, conn):
         if reg.bindings.find_container('stable') != 'demo/stable':
             missing += 1
     conn.send((lookups, missing))
+
+
+def test_two_adds_of_one_sandbox_each_end_only_their_own_mark_and_reservation(reg):
+    """A runtime retries ADD c1 while the first still runs: each ADD has its token."""
+    later = time.monotonic() + 60
+    for token in ('t1', 't2'):
+        reg.bindings.add_started('c1', time.monotonic(), 'ns/a', token)
+        assert reg.bindings.admit_add('c1', 'ns/a', {'10.0.0.5'}, later, token) == ('c1', {})
+    reg.bindings.add_finished('t1')
+    assert reg.bindings.adds_since(0) == {'c1'}
+    assert reg.bindings.reserve_addresses('c2', 'ns/b', {'10.0.0.5'}, later) == \
+        {'10.0.0.5': 'ns/a'}
+    reg.bindings.add_finished('t2')
+    assert reg.bindings.adds_since(0) == set()
+    assert reg.bindings.reserve_addresses('c2', 'ns/b', {'10.0.0.5'}, later) == {}

@@ -344,3 +344,14 @@ def test_error_names_the_interface():
     with pytest.raises(errors.InvalidVIF) as info:
         vif_model.parse_annotation(json.dumps({'eth0': spec(), 'net1': spec(mtu=1)}))
     assert info.value.msg.startswith('VIF net1: ')
+
+
+def test_a_vif_may_name_its_network_and_a_record_without_one_stays_as_it_was():
+    spec = {'kind': 'bridge', 'port_id': 'p', 'mac': 'fa:16:3e:00:00:01', 'bridge': 'br0',
+            'ips': ['10.0.0.1/24']}
+    assert 'network_id' not in vif_model.parse_vif(spec).to_dict()
+    named = vif_model.parse_vif(dict(spec, network_id='net-1'))
+    assert named.network_id == 'net-1'
+    assert vif_model.from_record(named.to_dict()) == named
+    with pytest.raises(errors.InvalidVIF, match='network_id'):
+        vif_model.parse_vif(dict(spec, network_id='../x'))
