@@ -40,8 +40,10 @@ class Result:
         return text
 
 
-def explore(bounds, limit=None):
-    """Explore every state reachable under ``bounds``; stop at the first violation."""
+def explore(bounds, limit=None, want=None):
+    """Explore every state reachable under ``bounds``; stop at the first violation
+    (``want``: the first whose description contains each of these words; others are
+    passed over)."""
     model = protocol.Model(bounds)
     started = time.monotonic()
     first = model.initial()
@@ -50,6 +52,8 @@ def explore(bounds, limit=None):
     transitions = quiescent = 0
 
     def found(st, why, tail=()):
+        if want and not all(word in why for word in want):
+            return None
         trace = []
         while parent[st] is not None:
             st, action = parent[st]
@@ -60,7 +64,7 @@ def explore(bounds, limit=None):
     while frontier:
         st = frontier.popleft()
         problem = protocol.check_state(model, st)
-        if problem:
+        if problem and found(st, problem):
             return found(st, problem)
         steps = model.successors(st)
         if protocol.runtime_done(st):
@@ -70,12 +74,13 @@ def explore(bounds, limit=None):
                 problem = protocol.check_quiescent(model, healed)
             except AssertionError as exc:
                 healing, problem = [], str(exc)
-            if problem:
-                return found(st, problem, ['(healing) ' + a for a in healing])
+            tail = ['(healing) ' + a for a in healing]
+            if problem and found(st, problem, tail):
+                return found(st, problem, tail)
         for action, nxt, worker in steps:
             transitions += 1
             problem = protocol.check_step(model, st, nxt, worker)
-            if problem:
+            if problem and found(st, problem, [action]):
                 return found(st, problem, [action])
             if nxt not in parent:
                 parent[nxt] = (st, action)

@@ -30,6 +30,19 @@ import typing
 
 VARIANTS = ('2c4a2fa', 'fixed')
 
+# What the ``fixed`` variant changes in 2c4a2fa, each on its own (``Bounds.without``
+# leaves one out, to show the checker needs it).
+FIXES = {
+    'replay_keeps_entry': 'replay_queue keeps a queued DEL that failed, whatever the error '
+                          '(issue 31 hole 2)',
+    'plug_keeps_record': '_plug keeps the plugging record when _connect_all\'s rollback '
+                         'failed (issue 31 hole 5)',
+    'owner_del_removes_tagged': 'the owner\'s DEL removes its tagged devices when it has no '
+                                'record of them (issue 31 hole 5)',
+    'noop_del_removes_lock': 'a DEL that finds no binding asks for the lock file\'s removal '
+                             'before _remove_tagged, which may fail (found by this model)',
+}
+
 # What each step is in the real code, and the filesystem calls it makes, in
 # order (the calls a crash can fall between). ``save`` is write_atomically
 # with fsyncs; ``save_fast`` the ``durable=False`` write of a completed ADD.
@@ -51,18 +64,21 @@ STEPS = {
     'disconnect': ('kernel.Kernel.disconnect', ()),
     'remove_tagged': ('kernel.Kernel.remove_tagged', ()),
     'add_finished': ('registry.BindingTable.add_finished', ()),
-    'answer': ('daemon.api (the HTTP answer)', ()),
+    'answer': ('daemon.api.CNIHandler (the HTTP answer)', ()),
     'queue_del': ('shim queue.go queueDel', (('open', 'queue.tmp'), ('write', 'queue.tmp'),
                                              ('fsync', 'queue.tmp'), ('rename', 'queue entry'),
                                              ('fsync', 'del-queue/'))),
     'done': ('state.DelQueue.done', (('unlink', 'queue entry'),)),
     'set_aside': ('state.DelQueue.set_aside', (('rename', 'queue entry'),)),
     'remove_temporaries': ('state.BindingStore.remove_temporaries', (('unlink', 'tmp'),)),
-    'restore_mirror': ('recovery.restore: BindingStore.load_all, BindingTable.replace', ()),
-    'replay': ('recovery.replay_queue: DelQueue.entries', ()),
-    'resync_mirror': ('recovery.resync_mirror', ()),
-    'up': ('daemon main: the socket opens', ()),
+    'restore_mirror': ('daemon.recovery.restore (BindingStore.load_all, BindingTable.replace)',
+                       ()),
+    'replay': ('daemon.recovery.replay_queue (DelQueue.entries)', ()),
+    'resync_mirror': ('daemon.recovery.resync_mirror', ()),
+    'up': ('daemon.main (the socket opens)', ()),
 }
+
+KERNEL_STEPS = ('connect', 'disconnect', 'remove_tagged')
 
 # Transitions that are not a worker's step, and the code (or world) they stand for.
 EVENTS = {
@@ -84,10 +100,22 @@ EVENTS = {
 
 # The stages a worker waits in, with the code that waits.
 WAITS = {
-    'wait_vifs': 'Ownership._wait(published)',
-    'hold': 'PodLocks._acquire',
-    'admit': 'Ownership._admit',
-    'wait_active': 'Ownership._wait_active',
+    'wait_vifs': 'ownership.Ownership._wait',
+    'hold': 'podlock.PodLocks._acquire',
+    'wait_active': 'ownership.Ownership._wait_active',
+}
+
+# The planners, and the code each follows.
+PLANNERS = {
+    'Model.plan_add': ('ownership.Ownership._claim_and_plug', 'ownership.Ownership._admit',
+                       'ownership.Ownership._claim', 'ownership.Ownership._evict_others',
+                       'ownership.Ownership._plug', 'ownership.Ownership._connect_all'),
+    'Model.plan_delete': ('ownership.Ownership.delete', 'ownership.Ownership._judge_delete',
+                          'ownership.Ownership.collect', 'ownership.Ownership._forget',
+                          'ownership.Ownership._unplug_sandbox'),
+    'Model._answer': ('daemon.recovery.replay_queue',),
+    'Model._resync': ('daemon.recovery.resync_mirror',),
+    'Model._chore': ('daemon.recovery.restore', 'daemon.housekeeping.Housekeeper.tick'),
 }
 
 
@@ -106,6 +134,7 @@ class Bounds:
     refusals: int = 1           # windows in which the kernel refuses
     gcs: int = 0                # GC requests per run
     variant: str = 'fixed'
+    without: frozenset = frozenset()    # FIXES the fixed variant leaves out
 
 
 class Worker(typing.NamedTuple):
@@ -125,7 +154,7 @@ class State(typing.NamedTuple):
     mirror: tuple           # per pod: None or (owner, holds addresses)
     locks: frozenset        # pods whose lock file exists
     tmp: frozenset          # leftover temporary files: ('bindings', pod) or ('del-queue', sid)
-    queue: tuple            # queued DELs (sid, n), oldest first
+    queue: tuple            # queued DELs (their sandbox), oldest first
     set_aside: frozenset    # queued DELs moved to *.corrupt-*
     devices: frozenset      # sandboxes whose tagged host device (and OVS row) exists
     adds: frozenset         # registry: ADDs in flight (a dead worker's until it ages out)
@@ -145,7 +174,8 @@ class Model:
     def __init__(self, bounds):
         assert bounds.variant in VARIANTS
         self.bounds = bounds
-        self.fixed = bounds.variant == 'fixed'
+        assert bounds.without <= set(FIXES)
+        self.fixes = set(FIXES) - bounds.without if bounds.variant == 'fixed' else set()
         self.sandboxes = []     # sid, in runtime order
         self.pod_of = {}
         self.incarnation = {}
@@ -202,7 +232,7 @@ class Model:
         without = dict(sbs, **{sid: ''})
         dropped = (*_save(p, owner, without), *unwind)
         # _connect_all's rollback; 2c4a2fa drops the record even when it failed.
-        kept = unwind if self.fixed else dropped
+        kept = unwind if 'plug_keeps_record' in self.fixes else dropped
         plan.append(('connect', sid, (('disconnect', sid, kept), *dropped)))
         sbs[sid] = 'ready'
         plan.append(('save_fast', p, _pack(owner, sbs)))
@@ -222,7 +252,8 @@ class Model:
                 return (('release_remove', p), ('answer', 'noop'))
             # 2c4a2fa asks for the lock file's removal only after _remove_tagged: when
             # that fails the file stays, and nothing else removes it (no binding).
-            failed = (('release_remove', p), ('answer', 'error')) if self.fixed else unwind
+            failed = (('release_remove', p), ('answer', 'error')) \
+                if 'noop_del_removes_lock' in self.fixes else unwind
             return (('remove_tagged', sid, failed), ('release_remove', p), ('answer', 'noop'))
         owner, sbs = _unpack(st.bindings[p])
         if gc:
@@ -234,7 +265,7 @@ class Model:
         if owner == sid:
             if sbs[sid]:
                 plan.append(('disconnect', sid, unwind))
-            elif self.fixed:
+            elif 'owner_del_removes_tagged' in self.fixes:
                 plan.append(('remove_tagged', sid, unwind))
             # One attachment per sandbox: its last gone, every sandbox goes.
             plan += [('disconnect', o, unwind) for o in sorted(sbs) if o != sid and sbs[o]]
@@ -278,136 +309,135 @@ class Model:
 
     def _worker_steps(self, st, i, w):
         name = '%s %s' % (w.job, w.sid) if w.sid else w.job
-        rest = st.workers[:i] + st.workers[i + 1:]
+        st = st._replace(workers=st.workers[:i] + st.workers[i + 1:])
         if w.stage == 'run':
             if not w.plan:      # a chore between two queue entries
-                return [(name + ': replay_queue next', self._next_entry(st, rest, w))]
-            step = w.plan[0]
-            return [('%s: %s' % (name, _step_name(step)),
-                     self._execute(st, rest, w._replace(plan=w.plan[1:]), step))]
+                return [(name + ': replay_queue next', self._next_entry(st, w))]
+            label, step = [], None
+            # A step that is not durable and only ends what the step before it did
+            # (releasing the flock, answering after add_finished) runs with it: a
+            # kill between the two leaves what a kill before the first leaves.
+            while w is not None and w.stage == 'run' and w.plan and (
+                    step is None or _joins(step, w.plan[0])):
+                step = w.plan[0]
+                label.append(_step_name(step))
+                st, w = self._execute(st, w._replace(plan=w.plan[1:]), step)
+            return [('%s: %s' % (name, ', '.join(label)), _put(st, st.workers, w))]
         p = self.pod_of[w.sid]
-        out = []
+        failed = (('add_finished', w.sid), ('answer', 'error'))
         if w.stage == 'wait_vifs':
             inc, published, active = st.vifs[p]
             if inc == self.incarnation[w.sid] and published:
-                w2 = w._replace(stage='hold', note=('active',) if active else ())
-                out.append((name + ': _wait(published) returns', _put(st, rest, w2)))
+                w = w._replace(stage='hold', note=('active',) if active else ())
+                if any(o.holds == p for o in st.workers):
+                    return [(name + ': _wait(published) returns', _put(st, st.workers, w))]
+                name += ': _wait(published) returns;'     # and takes the free lock at once
             else:
-                out.append((name + ': _wait(published) times out', _put(st, rest, w._replace(
-                    stage='run', plan=(('add_finished', w.sid), ('answer', 'error'))))))
-        elif w.stage == 'hold':
-            if not any(o.holds == p for o in rest):
-                st2 = st._replace(locks=st.locks | {p})
-                if w.job == 'ADD':
-                    w2 = w._replace(stage='admit', holds=p)
-                else:
-                    w2 = w._replace(stage='run', holds=p,
-                                    plan=self.plan_delete(st, w.sid, w.job == 'GC'))
-                out.append((name + ': locks.hold', _put(st2, rest, w2)))
-            else:
-                fail = (('answer', 'error:retry'),) if w.job != 'ADD' else (
-                    ('add_finished', w.sid), ('answer', 'error'))
-                out.append((name + ': locks.hold times out',
-                            _put(st, rest, w._replace(stage='run', plan=fail))))
-        elif w.stage == 'admit':
+                return [(name + ': _wait(published) times out',
+                         _put(st, st.workers, w._replace(stage='run', plan=failed)))]
+        if w.stage == 'hold':
+            if any(o.holds == p for o in st.workers):
+                fail = failed if w.job == 'ADD' else (('answer', 'error:retry'),)
+                return [(name + ': locks.hold times out',
+                         _put(st, st.workers, w._replace(stage='run', plan=fail)))]
+            st = st._replace(locks=st.locks | {p})
+            if w.job != 'ADD':
+                plan = self.plan_delete(st, w.sid, w.job == 'GC')
+                return [('%s%s locks.hold' % (name, '' if name.endswith(';') else ':'),
+                         _put(st, st.workers, w._replace(stage='run', holds=p, plan=plan)))]
+            # _admit's registry call comes first in the hold: a kill between the two
+            # leaves the lock file, as a kill after it does once the reservation ages out.
             plan, admitted = self.plan_add(st, w.sid, w.note)
-            st2 = st._replace(reserved=st.reserved | {w.sid}) if admitted else st
-            out.append(('%s: _admit (%s)' % (name, 'admitted' if admitted else 'refused'),
-                        _put(st2, rest, w._replace(stage='run', plan=plan))))
-        elif w.stage == 'wait_active':
-            inc, _published, active = st.vifs[p]
-            summary = st.mirror[p]
-            if summary is None or summary[0] != w.sid:
-                out.append((name + ': _wait_active: no longer the owner', _put(st, rest, w._replace(
-                    stage='run', plan=(('add_finished', w.sid), ('answer', 'error'))))))
-            elif active and inc == self.incarnation[w.sid]:
-                out.append((name + ': _wait_active returns', _put(st, rest, w._replace(
-                    stage='run', plan=(('add_finished', w.sid), ('answer', 'ok'))))))
-            else:
-                out.append((name + ': _wait_active times out', _put(st, rest, w._replace(
-                    stage='run', plan=(('add_finished', w.sid), ('answer', 'error'))))))
-        return out
+            if admitted:
+                st = st._replace(reserved=st.reserved | {w.sid})
+            return [('%s%s locks.hold, _admit (%s)' % (
+                name, '' if name.endswith(';') else ':', 'admitted' if admitted else 'refused'),
+                     _put(st, st.workers, w._replace(stage='run', holds=p, plan=plan)))]
+        assert w.stage == 'wait_active'
+        inc, _published, active = st.vifs[p]
+        summary = st.mirror[p]
+        if summary is None or summary[0] != w.sid:
+            what, plan = 'no longer the owner', failed
+        elif active and inc == self.incarnation[w.sid]:
+            what, plan = 'returns', (('add_finished', w.sid), ('answer', 'ok'))
+        else:
+            what, plan = 'times out', failed
+        return [('%s: _wait_active %s' % (name, what),
+                 _put(st, st.workers, w._replace(stage='run', plan=plan)))]
 
-    def _execute(self, st, rest, w, step):
+    def _execute(self, st, w, step):
+        """One step of worker ``w`` (not in ``st.workers``): ``(state, worker or None)``."""
         kind = step[0]
-        if kind in ('connect', 'disconnect', 'remove_tagged'):
+        if kind in KERNEL_STEPS:
             sid = step[1]
             if st.refusing:
                 devices = st.devices | {sid} if kind == 'connect' else st.devices
-                return _put(st._replace(devices=devices), rest, w._replace(plan=step[2]))
+                return st._replace(devices=devices), w._replace(plan=step[2])
             devices = st.devices | {sid} if kind == 'connect' else st.devices - {sid}
-            return _put(st._replace(devices=devices), rest, w)
-        if kind == 'add_started':
-            p = self.pod_of[w.sid]
-            return _put(st._replace(adds=st.adds | {w.sid}, newest=_set(st.newest, p, w.sid)),
-                        rest, w._replace(stage='wait_vifs'))
+            return st._replace(devices=devices), w
         if kind in ('save', 'save_fast'):
-            return _put(st._replace(bindings=_set(st.bindings, step[1], step[2])), rest, w)
+            return st._replace(bindings=_set(st.bindings, step[1], step[2])), w
         if kind == 'mirror_put':
-            return _put(st._replace(mirror=_set(st.mirror, step[1], step[2])), rest, w)
+            return st._replace(mirror=_set(st.mirror, step[1], step[2])), w
         if kind == 'mirror_drop':
-            return _put(st._replace(mirror=_set(st.mirror, step[1], None)), rest, w)
+            return st._replace(mirror=_set(st.mirror, step[1], None)), w
         if kind == 'remove':
-            return _put(st._replace(bindings=_set(st.bindings, step[1], None)), rest, w)
+            return st._replace(bindings=_set(st.bindings, step[1], None)), w
         if kind == 'release':
-            return _put(st, rest, w._replace(holds=-1))
+            return st, w._replace(holds=-1)
         if kind == 'release_remove':
-            return _put(st._replace(locks=st.locks - {step[1]}), rest, w._replace(holds=-1))
+            return st._replace(locks=st.locks - {step[1]}), w._replace(holds=-1)
         if kind == 'add_finished':
-            return _put(st._replace(adds=st.adds - {step[1]}, reserved=st.reserved - {step[1]}),
-                        rest, w)
+            return st._replace(adds=st.adds - {step[1]}, reserved=st.reserved - {step[1]}), w
         if kind == 'wait_active':
-            return _put(st, rest, w._replace(stage='wait_active'))
+            return st, w._replace(stage='wait_active')
         if kind == 'answer':
-            return self._answer(st, rest, w, step[1])
+            return self._answer(st, w, step[1])
         if kind == 'queue_del':
-            n = self.bounds.dels_per_sandbox - st.runtime[self.index[w.sid]][1]
-            entry = (w.sid, n)
-            queue = st.queue if entry in st.queue else st.queue + (entry,)
-            return _put(st._replace(queue=queue), rest, w)
+            return st._replace(queue=st.queue + (w.sid,)), w
         if kind == 'done':
-            return _put(st._replace(queue=tuple(e for e in st.queue if e != step[1])), rest, w)
+            return st._replace(queue=_without(st.queue, step[1])), w
         if kind == 'set_aside':
-            return _put(st._replace(queue=tuple(e for e in st.queue if e != step[1]),
-                                    set_aside=st.set_aside | {step[1]}), rest, w)
+            return st._replace(queue=_without(st.queue, step[1]),
+                               set_aside=st.set_aside | {step[1]}), w
         if kind == 'remove_temporaries':
             keep = {t for t in st.tmp if t[0] == 'del-queue'} if step[1] == 'bindings' else ()
-            return _put(st._replace(tmp=frozenset(keep)), rest, w)
+            return st._replace(tmp=frozenset(keep)), w
         if kind == 'restore_mirror':
-            return _put(st._replace(mirror=tuple(_summary(b) for b in st.bindings)), rest, w)
+            return st._replace(mirror=tuple(_summary(b) for b in st.bindings)), w
         if kind == 'resync_mirror':
-            return _put(self._resync(st, rest), rest, w)
+            return self._resync(st), w
         if kind == 'replay':
-            return _put(st, rest, w._replace(note=st.queue, plan=()))
+            return st, w._replace(note=st.queue, plan=())
         if kind == 'up':
-            return _put(st._replace(daemon='up'), rest, None)
+            return st._replace(daemon='up'), None
         raise AssertionError(step)
 
-    def _resync(self, st, rest):
+    def _resync(self, st):
         """recovery.resync_mirror: each pod whose lock is free, mirror := file."""
         mirror, locks = list(st.mirror), set(st.locks)
         for p, binding in enumerate(st.bindings):
-            if any(o.holds == p for o in rest) or (binding is None and mirror[p] is None):
+            if any(o.holds == p for o in st.workers) or (binding is None and mirror[p] is None):
                 continue
             if binding is None:
                 locks.discard(p)
             mirror[p] = _summary(binding)
         return st._replace(mirror=tuple(mirror), locks=frozenset(locks), resync=False)
 
-    def _answer(self, st, rest, w, outcome):
+    def _answer(self, st, w, outcome):
         if w.job in ('RECOVERY', 'HOUSEKEEPING'):
             # The outcome of the queued DEL being replayed (recovery.replay_queue).
             entry = w.note[0]
-            if outcome == 'error:retry' or (outcome == 'error' and self.fixed):
+            if outcome == 'error:retry' or (outcome == 'error'
+                                            and 'replay_keeps_entry' in self.fixes):
                 after = ()      # kept for the next replay
             elif outcome == 'error':
                 after = (('set_aside', entry),)     # BindingFailed: retry is False
             else:
                 after = (('done', entry),)
-            return _put(st, rest, w._replace(stage='run', sid='', plan=after,
-                                             note=w.note[1:]))
+            return st, w._replace(stage='run', sid='', plan=after, note=w.note[1:])
         if not w.via_shim:
-            return _put(st, rest, None)
+            return st, None
         k = self.index[w.sid]
         add, left, _busy, sent = st.runtime[k]
         if w.job == 'ADD':
@@ -416,16 +446,16 @@ class Model:
             entry = (add, left, False, sent)        # the runtime will send it again
         else:
             entry = (add, left - 1, False, sent)
-        return _put(st._replace(runtime=_set(st.runtime, k, entry)), rest, None)
+        return st._replace(runtime=_set(st.runtime, k, entry)), None
 
-    def _next_entry(self, st, rest, w):
+    def _next_entry(self, st, w):
         """replay_queue: the next complete entry, or the chore's end."""
         entries = tuple(e for e in w.note if e in st.queue)
         if not entries:
             if w.job == 'RECOVERY':
-                return _put(st, rest, w._replace(plan=(('up',),), note=()))
-            return _put(st, rest, None)
-        return _put(st, rest, w._replace(stage='hold', sid=entries[0][0], note=entries))
+                return _put(st, st.workers, w._replace(plan=(('up',),), note=()))
+            return st
+        return _put(st, st.workers, w._replace(stage='hold', sid=entries[0], note=entries))
 
     def _runtime(self, st):
         out = []
@@ -438,21 +468,30 @@ class Model:
             if add == '':
                 before = self.previous[sid]
                 if before is not None:
-                    prev_add = st.runtime[self.index[before]][0]
-                    ready = prev_add in ('ok', 'failed') or (
-                        prev_add == 'sent' and self.incarnation[before] != self.incarnation[sid])
+                    # kubelet (node.rst): a new sandbox of the same pod only once the
+                    # old one's ADD ended and its first DEL was answered (containerd's
+                    # cleanup of a failed RunPodSandbox, or StopPodSandbox); later DELs
+                    # of it may come at any time. A re-created pod's first sandbox
+                    # may start while the old incarnation's ADD still runs.
+                    prev_add, prev_left, _, _ = st.runtime[self.index[before]]
+                    if self.incarnation[before] == self.incarnation[sid]:
+                        ready = prev_add in ('ok', 'failed') and prev_left < b.dels_per_sandbox
+                    else:
+                        ready = prev_add != ''
                     if not ready:
                         continue
                 st2 = st
                 if st.vifs[p][0] != self.incarnation[sid]:      # the pod was re-created
                     st2 = st._replace(vifs=_set(st.vifs, p, (self.incarnation[sid], False, False)))
-                if st.daemon == 'up':
-                    w = Worker('ADD', sid, 'run', (('add_started',),), True, -1, ())
-                    st2 = _put(st2._replace(runtime=_set(st.runtime, k, ('sent', left, True, sent))),
+                if st.daemon == 'up':     # its first call, add_started, registers it
+                    w = Worker('ADD', sid, 'wait_vifs', (), True, -1, ())
+                    st2 = _put(st2._replace(runtime=_set(st.runtime, k, ('sent', left, True, sent)),
+                                            adds=st.adds | {sid}, newest=_set(st.newest, p, sid)),
                                st.workers, w)
                 else:   # the socket is not open: code 11
                     st2 = st2._replace(runtime=_set(st.runtime, k, ('failed', left, False, sent)))
-                out.append(('runtime ADD %s' % sid, st2))
+                out.append(('runtime ADD %s%s' % (sid, ', add_started' if st.daemon == 'up'
+                                                   else ': daemon away, code 11'), st2))
             elif add in ('ok', 'failed') and left > 0:
                 runtime = _set(st.runtime, k, (add, left, True, True))
                 if st.daemon == 'up':
@@ -472,7 +511,9 @@ class Model:
     def _faults(self, st):
         out = []
         disruptions, refusals, gcs = st.budget
-        if refusals and not st.refusing:
+        # Whether the kernel refuses matters only to a kernel step: it changes only
+        # when one is next (sound: the toggle commutes with every other step).
+        if refusals and not st.refusing and self._kernel_next(st):
             out.append(('kernel refuses', st._replace(refusing=True,
                                                       budget=(disruptions, refusals - 1, gcs))))
         if not disruptions:
@@ -535,32 +576,54 @@ class Model:
 
     def _world(self, st, healing):
         out = []
-        if not healing:
-            for p, (inc, published, active) in enumerate(st.vifs):
-                if not published and self._port_free(st, p):
-                    out.append(('watcher publishes VIF of %s' % self.bounds.pods[p].name,
-                                st._replace(vifs=_set(st.vifs, p, (inc, True, False)))))
-                elif published and not active and any(
-                        self.pod_of[s] == p and self.incarnation[s] == inc for s in st.devices):
-                    out.append(('neutron activates VIF of %s' % self.bounds.pods[p].name,
-                                st._replace(vifs=_set(st.vifs, p, (inc, True, True)))))
-        if st.refusing:
+        # The VIF record is read only by an ADD's waits: it changes only while one of
+        # the pod waits (sound: the change commutes with every other step).
+        waits = {(self.pod_of[w.sid], w.stage) for w in st.workers if w.job == 'ADD'}
+        for p, (inc, published, active) in enumerate(st.vifs):
+            if healing:
+                break
+            if not published and (p, 'wait_vifs') in waits and self._port_free(st, p):
+                out.append(('watcher publishes VIF of %s' % self.bounds.pods[p].name,
+                            st._replace(vifs=_set(st.vifs, p, (inc, True, False)))))
+            elif published and not active and (
+                    (p, 'wait_vifs') in waits or (p, 'wait_active') in waits) and any(
+                    self.pod_of[s] == p and self.incarnation[s] == inc for s in st.devices):
+                out.append(('neutron activates VIF of %s' % self.bounds.pods[p].name,
+                            st._replace(vifs=_set(st.vifs, p, (inc, True, True)))))
+        if st.refusing and (healing or self._kernel_next(st)):
             out.append(('kernel heals', st._replace(refusing=False)))
         if st.daemon == 'down':
-            w = Worker('RECOVERY', '', 'run', (('remove_temporaries', 'bindings'),
-                                               ('restore_mirror',), ('replay',)), False, -1, ())
-            out.append(('restart daemon', _put(st._replace(daemon='starting'), st.workers, w)))
+            out.append(('restart daemon: recovery.restore (remove_temporaries, load_all, '
+                        'replay_queue)', self._chore(st._replace(daemon='starting'), 'RECOVERY', (
+                            ('remove_temporaries', 'bindings'), ('restore_mirror',)))))
         elif st.daemon == 'up' and not any(w.job == 'HOUSEKEEPING' for w in st.workers) and (
                 st.resync or st.tmp or st.queue):
             plan = ((('resync_mirror',),) if st.resync else ()) + (
-                (('remove_temporaries', 'all'),) if st.tmp else ()) + (('replay',),)
-            w = Worker('HOUSEKEEPING', '', 'run', plan, False, -1, ())
-            out.append(('housekeeping.tick', _put(st, st.workers, w)))
+                (('remove_temporaries', 'all'),) if st.tmp else ())
+            out.append(('housekeeping.tick: %s' % ', '.join(
+                [_step_name(step) for step in plan] + ['replay_queue']),
+                self._chore(st, 'HOUSEKEEPING', plan)))
+        # A dead ADD's registration is read only by an admission or a GC about to lock.
         live = {w.sid for w in st.workers if w.job == 'ADD'}
-        for sid in sorted((st.adds | st.reserved) - live):
+        readers = healing or any(w.stage == 'hold' and w.job in ('ADD', 'GC') for w in st.workers)
+        for sid in sorted((st.adds | st.reserved) - live) if readers else ():
             out.append(('reservation of %s expires' % sid, st._replace(
                 adds=st.adds - {sid}, reserved=st.reserved - {sid})))
         return out
+
+    def _chore(self, st, job, plan):
+        """A chore's first steps, then replay_queue's look at the queue, in one step: none
+        of them is seen by a request (recovery runs before the socket opens;
+        housekeeping's tidying touches only what dead processes left)."""
+        w = Worker(job, '', 'run', (), False, -1, ())
+        for step in plan + (('replay',),):
+            st, w = self._execute(st, w, step)
+        return _put(st, st.workers, w)
+
+    @staticmethod
+    def _kernel_next(st):
+        return any(w.stage == 'run' and w.plan and w.plan[0][0] in KERNEL_STEPS
+                   for w in st.workers)
 
     def _port_free(self, st, p):
         """A recycled port is published for its new pod once the old pod is deleted."""
@@ -596,6 +659,11 @@ def _save(p, owner, sandboxes):
     return [('save', p, binding), ('mirror_put', p, _summary(binding))]
 
 
+def _without(queue, entry):
+    i = queue.index(entry)
+    return queue[:i] + queue[i + 1:]
+
+
 def _set(values, i, value):
     return values[:i] + (value,) + values[i + 1:]
 
@@ -604,6 +672,11 @@ def _put(st, rest, worker):
     """``st`` with workers ``rest`` plus ``worker`` (None: it ended), kept sorted."""
     workers = rest if worker is None else tuple(sorted(rest + (worker,)))
     return st._replace(workers=workers)
+
+
+def _joins(before, step):
+    return step[0] == 'release' or (
+        before[0] in ('add_finished', 'queue_del') and step[0] == 'answer')
 
 
 def _step_name(step):
@@ -615,7 +688,7 @@ def _step_name(step):
     if kind == 'answer':
         return 'answer %s' % step[1]
     if kind in ('done', 'set_aside'):
-        return '%s %s' % (kind, step[1][0])
+        return '%s %s' % (kind, step[1])
     return kind
 
 
@@ -703,9 +776,8 @@ def heal(model, st):
 def check_quiescent(model, st):
     """After healing: a DEL answered success was applied, and nothing of a deleted
     sandbox remains (device, OVS row, record, lock, temporary file, reservation)."""
-    lost = sorted(st.set_aside)
-    if lost:
-        return 'queued DEL of %s answered success but set aside, never applied' % lost[0][0]
+    lost = ['queued DEL of %s answered success but set aside, never applied' % sid
+            for sid in sorted(st.set_aside)]
     left = []
     if st.devices:
         left.append('devices of %s' % ','.join(sorted(st.devices)))
@@ -720,8 +792,8 @@ def check_quiescent(model, st):
     if st.adds or st.reserved:
         left.append('reservations of %s' % sorted(st.adds | st.reserved))
     if left:
-        return 'after every DEL and recovery, left: ' + '; '.join(left)
-    return None
+        lost.append('after every DEL and recovery, left: ' + '; '.join(left))
+    return '; '.join(lost) or None
 
 
 # The filesystem calls of each path of the real code when nothing fails, in order,
