@@ -188,6 +188,7 @@ class Protocol(RuleBasedStateMachine):
         worker = crashpoints.Worker(name, crash_after)
         worker.may_remove = may_remove or (lambda cid, owners: True)
         worker.may_create = name.startswith('ADD')
+        self.last_worker = worker
         self.scheduler.start(worker, fn)
         return worker
 
@@ -341,6 +342,7 @@ class Protocol(RuleBasedStateMachine):
         worker.may_remove, worker.may_create = (lambda c, owners: False), False
         scheduler = crashpoints.Scheduler(None)
         scheduler.observe = self._observe_slice
+        self.last_worker = worker
         scheduler.start(worker, lambda: state.write_atomically(directory, name, body))
         return worker.outcome[0] == 'ok'
 
