@@ -99,10 +99,17 @@ class Worker:
             with contextlib.suppress(OSError):
                 real_os.close(fd)
 
+    def before_durable_call(self):
+        """A durable call is next: raise :class:`Crash` in a dead worker, and die here if
+        the worker was to die before its first."""
+        if self.crash_after == 0 and not self.calls and not self.dead:
+            self.die()
+        self.alive()
+
     def counted(self, name, path):
         """A durable call completed: record it, and die if it was the chosen one."""
         self.calls.append(Call(name, path))
-        if self.crash_after is not None and len(self.calls) >= self.crash_after:
+        if len(self.calls) == self.crash_after:
             self.die()
             raise Crash('%s after %s %s' % (self.name, name, path))
 
@@ -335,6 +342,8 @@ class _OsProxy:
         worker = current()
         if worker is None:
             return real_os.open(path, flags, mode, dir_fd=dir_fd)
+        if flags & _WRITE_FLAGS:
+            worker.before_durable_call()
         worker.alive()
         fd = real_os.open(path, flags, mode, dir_fd=dir_fd)
         worker.fds[fd] = path
@@ -397,7 +406,7 @@ def _on_fd(name, fd, fn, *args):
     worker = current()
     if worker is None:
         return fn(*args)
-    worker.alive()
+    worker.before_durable_call()
     result = fn(*args)
     worker.counted(name, worker.fds.get(fd, '?'))
     return result
@@ -407,7 +416,7 @@ def _on_path(name, path, fn, *args, **kwargs):
     worker = current()
     if worker is None:
         return fn(*args, **kwargs)
-    worker.alive()
+    worker.before_durable_call()
     result = fn(*args, **kwargs)
     worker.counted(name, path)
     return result

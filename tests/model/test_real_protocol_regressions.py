@@ -57,3 +57,12 @@ def test_two_pods_naming_one_port_are_not_both_bound():
            ('add', 'p0-s0'),
            ('vifs', POD1, 2, True),             # pod-1's VIF names pod-0's port
            ('add', 'p1-s0'))
+
+
+def test_lock_file_of_an_add_killed_before_its_first_record_goes():
+    """Found by the state machine: an ADD killed after making the pod's lock file, before
+    writing any record, left the lock file for good when the sandbox's DEL came without
+    the pod's name (it finds no binding, so takes no lock, so removes none)."""
+    replay(('vifs', POD0, 0, False),
+           ('add', 'p0-s0', 1),                 # killed right after creating the lock file
+           ('delete', 'p0-s0', None, False))    # CNI_ARGS without K8S_POD_NAME
