@@ -444,6 +444,26 @@ def set_aside(path, why, kind):
         LOG.error('Could not set %s aside: %s', path, exc)
 
 
+def remove_unused_locks(lock_dir, bindings):
+    """Remove the lock files of pods without a binding; at start-up only, when no
+    process holds one.
+
+    A worker killed after making a pod's lock file and before writing its
+    first record leaves the file, and nothing else would remove it: a DEL
+    without the pod's name finds no binding and takes no lock. Returns how
+    many were removed.
+    """
+    used = {file_stem(pod) + '.lock' for pod in bindings}
+    removed = 0
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(lock_dir):
+            if name.endswith('.lock') and name not in used:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(lock_dir, name))
+                    removed += 1
+    return removed
+
+
 def _remove_legacy_locks(lock_dir):
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(lock_dir):
