@@ -29,6 +29,7 @@ those workers what the test needs of them:
   A run of the same rules is the same run, so Hypothesis can replay and shrink it.
 """
 
+import collections
 import contextlib
 import dataclasses
 import fcntl as real_fcntl
@@ -45,6 +46,10 @@ RESUME_TIMEOUT = 30         # seconds a resumed worker may run before it must pa
 _WRITE_FLAGS = real_os.O_WRONLY | real_os.O_RDWR | real_os.O_CREAT | real_os.O_TRUNC
 
 _current = threading.local()
+
+# (what the worker did: ADD, DEL, GC, restore, housekeeping, shim, ...; after how many
+# durable calls it died; the last one's name) -> how often: the crash points covered
+CRASHED = collections.Counter()
 
 
 class Crash(BaseException):
@@ -103,6 +108,7 @@ class Worker:
         """A durable call is next: raise :class:`Crash` in a dead worker, and die here if
         the worker was to die before its first."""
         if self.crash_after == 0 and not self.calls and not self.dead:
+            CRASHED[(self.name.partition(' ')[0], 0, 'before its first')] += 1
             self.die()
         self.alive()
 
@@ -110,6 +116,7 @@ class Worker:
         """A durable call completed: record it, and die if it was the chosen one."""
         self.calls.append(Call(name, path))
         if len(self.calls) == self.crash_after:
+            CRASHED[(self.name.partition(' ')[0], self.crash_after, name)] += 1
             self.die()
             raise Crash('%s after %s %s' % (self.name, name, path))
 

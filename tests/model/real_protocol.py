@@ -453,6 +453,7 @@ class Protocol(RuleBasedStateMachine):
     def rule_recreate(self, pod):
         self.recreate(pod)
 
+    @precondition(lambda self: not (self.port.fail_connect or self.port.fail_disconnect))
     @rule(unplug=st.booleans())
     def rule_kernel_refuses_next(self, unplug):
         self.kernel_refuses_next(unplug)
