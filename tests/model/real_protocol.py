@@ -356,8 +356,12 @@ class Protocol(RuleBasedStateMachine):
         if connected and cid in self.connected:
             assert answer[0] in (200, 204), ('CHECK of connected %s: %s' % (cid, answer))
 
-    def gc(self, crash_after=None):
-        valid = {cid for cid in self.netns if cid not in self.del_sent}
+    def gc(self, crash_after=None, valid=None):
+        """The runtime's GC; ``valid``: its valid attachments (default: every sandbox it
+        made and has not deleted)."""
+        if valid is None:
+            valid = {cid for cid in self.netns if cid not in self.del_sent}
+        self.connected &= valid     # what the runtime does not list, it gave up
 
         def may_remove(c, owners):
             return c not in valid or owners.get(pod_of(c)) != c
