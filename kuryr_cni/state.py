@@ -375,11 +375,6 @@ class DelQueue:
         return sorted(n for n in os.listdir(self.directory) if _QUEUE_ENTRY.match(n))
 
     @staticmethod
-    def queued_at(name):
-        """When the shim queued entry ``name``: a ``time.time()``, from its name."""
-        return int(name.partition('-')[0]) / 1e9
-
-    @staticmethod
     def done(path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
