@@ -15,7 +15,8 @@ from hypothesis import settings
 from tests.model import real_protocol
 
 settings.register_profile(
-    'model-ci', derandomize=True, max_examples=300, stateful_step_count=30, deadline=None,
+    'model-ci', derandomize=True, database=None, max_examples=300, stateful_step_count=30,
+    deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 settings.register_profile(
     'model-long', max_examples=2000, stateful_step_count=60, deadline=None,

@@ -98,7 +98,7 @@ class KernelProtocol(real_protocol.Protocol):
 
 
 settings.register_profile(
-    'model-kernel-ci', derandomize=True, max_examples=20, stateful_step_count=25,
+    'model-kernel-ci', derandomize=True, database=None, max_examples=20, stateful_step_count=25,
     deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile(
     'model-kernel-long', max_examples=200, stateful_step_count=40, deadline=None,
