@@ -106,4 +106,4 @@ settings.register_profile(
 
 TestRealProtocolKernel = KernelProtocol.TestCase
 TestRealProtocolKernel.settings = settings.get_profile(
-    'model-kernel-' + os.environ.get('KURYR_MODEL_PROFILE', 'ci'))
+    'model-kernel-' + ('long' if os.environ.get('KURYR_CNI_MODEL_LONG') == '1' else 'ci'))
