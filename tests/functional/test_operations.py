@@ -390,10 +390,15 @@ def test_ctl_status(replaced):
     lines = dict(line.split(':', 1) for line in out.stdout.splitlines())
     assert {key: value.strip() for key, value in lines.items()} == {
         'version': version.VERSION, 'ready': 'True', 'alive': 'True', 'workers': '4',
-        'watcher_synced': 'True', 'shutting_down': 'False', 'pods': '1', 'bindings': '1'}
+        'watcher_synced': 'True', 'shutting_down': 'False', 'pods': '1', 'bindings': '1',
+        'queued_dels_failing': '0'}
     facts = json.loads(ctl(node, 'status', '--json').stdout)
     assert facts['version'] == version.VERSION
     assert (facts['workers'], facts['watcher_synced'], facts['ready']) == (4, True, True)
+    queued = ctl(node, 'queued-dels')
+    assert (queued.returncode, queued.stdout.split()[:3]) == (0, ['ENTRY', 'POD', 'SANDBOX'])
+    assert json.loads(ctl(node, 'queued-dels', '--json').stdout) == {'failing': 0,
+                                                                     'entries': []}
 
 
 def test_ctl_list_and_show(replaced):
