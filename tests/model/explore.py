@@ -50,6 +50,7 @@ def explore(bounds, limit=None, want=None):
     parent = {first: None}          # state -> (previous state, action)
     frontier = collections.deque([first])
     transitions = quiescent = 0
+    healed_from = {}                # state -> where healing it ends
 
     def found(st, why, tail=()):
         if want and not all(word in why for word in want):
@@ -70,13 +71,13 @@ def explore(bounds, limit=None, want=None):
         if protocol.runtime_done(st):
             quiescent += 1
             try:
-                healed, healing = protocol.heal(model, st)
+                healed, _ = protocol.heal(model, st, healed_from)
                 problem = protocol.check_quiescent(model, healed)
             except AssertionError as exc:
-                healing, problem = [], str(exc)
-            tail = ['(healing) ' + a for a in healing]
-            if problem and found(st, problem, tail):
-                return found(st, problem, tail)
+                problem = str(exc)
+            if problem and found(st, problem):
+                healing = protocol.heal(model, st)[1] if 'healing steps' not in problem else []
+                return found(st, problem, ['(healing) ' + a for a in healing])
         for action, nxt, worker in steps:
             transitions += 1
             problem = protocol.check_step(model, st, nxt, worker)

@@ -39,8 +39,10 @@ FIXES = {
                          'failed (issue 31 hole 5)',
     'owner_del_removes_tagged': 'the owner\'s DEL removes its tagged devices when it has no '
                                 'record of them (issue 31 hole 5)',
-    'noop_del_removes_lock': 'a DEL that finds no binding asks for the lock file\'s removal '
-                             'before _remove_tagged, which may fail (found by this model)',
+    'tick_removes_orphan_locks': 'Housekeeper.tick removes the free lock files of pods '
+                                 'with no binding (found by this model: a GC killed in its '
+                                 'hold, or a DEL finding no binding whose _remove_tagged '
+                                 'failed, leaves one for good)',
 }
 
 # What each step is in the real code, and the filesystem calls it makes, in
@@ -75,6 +77,8 @@ STEPS = {
                        ()),
     'replay': ('daemon.recovery.replay_queue (DelQueue.entries)', ()),
     'resync_mirror': ('daemon.recovery.resync_mirror', ()),
+    'remove_orphan_locks': ('daemon.housekeeping.Housekeeper.tick (proposed)',
+                            (('flock', 'lock'), ('unlink', 'lock'))),
     'up': ('daemon.main (the socket opens)', ()),
 }
 
@@ -144,8 +148,9 @@ class Worker(typing.NamedTuple):
     plan: tuple     # the steps left
     via_shim: bool  # a runtime waits for its answer
     holds: int      # the pod whose lock it holds, or -1
-    note: tuple     # ADD: ('active',) when the VIFs were active at the first look;
-                    # replay: the queue entries left (the first is being replayed)
+    # ADD: ('active',) when the VIFs were active at its first look;
+    # replay: the queue entries left (the first is being replayed).
+    note: tuple
 
 
 class State(typing.NamedTuple):
@@ -250,11 +255,9 @@ class Model:
         if st.bindings[p] is None:
             if gc:
                 return (('release_remove', p), ('answer', 'noop'))
-            # 2c4a2fa asks for the lock file's removal only after _remove_tagged: when
-            # that fails the file stays, and nothing else removes it (no binding).
-            failed = (('release_remove', p), ('answer', 'error')) \
-                if 'noop_del_removes_lock' in self.fixes else unwind
-            return (('remove_tagged', sid, failed), ('release_remove', p), ('answer', 'noop'))
+            # The lock file's removal is asked for only after _remove_tagged: when
+            # that fails the file stays.
+            return (('remove_tagged', sid, unwind), ('release_remove', p), ('answer', 'noop'))
         owner, sbs = _unpack(st.bindings[p])
         if gc:
             if not sbs.get(sid):
@@ -405,6 +408,8 @@ class Model:
             return st._replace(tmp=frozenset(keep)), w
         if kind == 'restore_mirror':
             return st._replace(mirror=tuple(_summary(b) for b in st.bindings)), w
+        if kind == 'remove_orphan_locks':
+            return st._replace(locks=st.locks - self._orphan_locks(st)), w
         if kind == 'resync_mirror':
             return self._resync(st), w
         if kind == 'replay':
@@ -480,18 +485,23 @@ class Model:
                         ready = prev_add != ''
                     if not ready:
                         continue
+                elif not self._port_free(st, p):
+                    # A pod given a recycled port exists (and is started) only once
+                    # the port's old pod was deleted; its ADD before that would
+                    # only wait, touching nothing of the old pod's.
+                    continue
                 st2 = st
                 if st.vifs[p][0] != self.incarnation[sid]:      # the pod was re-created
                     st2 = st._replace(vifs=_set(st.vifs, p, (self.incarnation[sid], False, False)))
                 if st.daemon == 'up':     # its first call, add_started, registers it
                     w = Worker('ADD', sid, 'wait_vifs', (), True, -1, ())
-                    st2 = _put(st2._replace(runtime=_set(st.runtime, k, ('sent', left, True, sent)),
-                                            adds=st.adds | {sid}, newest=_set(st.newest, p, sid)),
-                               st.workers, w)
+                    st2 = st2._replace(runtime=_set(st.runtime, k, ('sent', left, True, sent)),
+                                       adds=st.adds | {sid}, newest=_set(st.newest, p, sid))
+                    st2 = _put(st2, st.workers, w)
                 else:   # the socket is not open: code 11
                     st2 = st2._replace(runtime=_set(st.runtime, k, ('failed', left, False, sent)))
-                out.append(('runtime ADD %s%s' % (sid, ', add_started' if st.daemon == 'up'
-                                                   else ': daemon away, code 11'), st2))
+                how = ', add_started' if st.daemon == 'up' else ': daemon away, code 11'
+                out.append(('runtime ADD %s%s' % (sid, how), st2))
             elif add in ('ok', 'failed') and left > 0:
                 runtime = _set(st.runtime, k, (add, left, True, True))
                 if st.daemon == 'up':
@@ -597,9 +607,10 @@ class Model:
                         'replay_queue)', self._chore(st._replace(daemon='starting'), 'RECOVERY', (
                             ('remove_temporaries', 'bindings'), ('restore_mirror',)))))
         elif st.daemon == 'up' and not any(w.job == 'HOUSEKEEPING' for w in st.workers) and (
-                st.resync or st.tmp or st.queue):
+                st.resync or st.tmp or st.queue or self._orphan_locks(st)):
             plan = ((('resync_mirror',),) if st.resync else ()) + (
-                (('remove_temporaries', 'all'),) if st.tmp else ())
+                (('remove_temporaries', 'all'),) if st.tmp else ()) + (
+                (('remove_orphan_locks',),) if self._orphan_locks(st) else ())
             out.append(('housekeeping.tick: %s' % ', '.join(
                 [_step_name(step) for step in plan] + ['replay_queue']),
                 self._chore(st, 'HOUSEKEEPING', plan)))
@@ -619,6 +630,13 @@ class Model:
         for step in plan + (('replay',),):
             st, w = self._execute(st, w, step)
         return _put(st, st.workers, w)
+
+    def _orphan_locks(self, st):
+        """Free lock files of pods with no binding (only with that fix)."""
+        if 'tick_removes_orphan_locks' not in self.fixes:
+            return frozenset()
+        held = {w.holds for w in st.workers}
+        return frozenset(p for p in st.locks if st.bindings[p] is None and p not in held)
 
     @staticmethod
     def _kernel_next(st):
@@ -757,20 +775,33 @@ def runtime_done(st):
 HEAL_LIMIT = 400    # steps; more is a livelock
 
 
-def heal(model, st):
+def heal(model, st, cache=None):
     """From a state where the runtime is done: faults healed (no refusal, no more
     kills), time passes (waits end, dead ADDs age out), the daemon restarts if it is
     down and housekeeping runs until it has nothing left to do. One fair schedule:
-    the first enabled transition each time, workers first."""
+    the first enabled transition each time, workers first. Returns the healed state
+    and the actions taken; ``cache`` (a dict) remembers where each state seen ends,
+    and then the actions are not returned."""
     st = st._replace(refusing=False, budget=(0, 0, 0))
-    trace = []
+    trace, seen = [], []
     for _ in range(HEAL_LIMIT):
+        if cache is not None:
+            if st in cache:
+                st = cache[st]
+                break
+            seen.append(st)
         steps = model.successors(st, healing=True)
         if not steps:
-            return st, trace
+            break
         action, st, _worker = steps[0]
         trace.append(action)
-    raise AssertionError('no quiescence after %d healing steps: %s' % (HEAL_LIMIT, trace[-20:]))
+    else:
+        raise AssertionError('no quiescence after %d healing steps: %s'
+                             % (HEAL_LIMIT, trace[-20:]))
+    if cache is not None:
+        cache.update((state, st) for state in seen)
+        trace = None
+    return st, trace
 
 
 def check_quiescent(model, st):

@@ -19,26 +19,28 @@ def pods(*specs):
     return tuple(protocol.Pod(*spec) for spec in specs)
 
 
-# Each bound is explored exhaustively; together they take about two minutes here.
+# Each bound is explored exhaustively:
 # - the sandbox race and the re-created pod: one pod, 3 sandboxes (the third for a
-#   new UID), 2 DELs each, a kernel refusal anywhere;
+#   new UID), 2 DELs each (late DELs), a kernel refusal anywhere;
 # - a crash at every step: 2 pods, 3 sandboxes (b gets a's recycled port), a worker,
-#   shim or daemon kill (or a shim timeout) between any two steps, and a refusal.
+#   shim or daemon kill (or a shim timeout) between any two steps, and a refusal;
+# - the same on one pod with a GC.
 CI_BOUNDS = {
     'one pod, 3 sandboxes, re-created': protocol.Bounds(
         pods=pods(('a', 'x', (0, 0, 1))), dels_per_sandbox=2, disruptions=0, refusals=1),
     '2 pods, 3 sandboxes, a crash anywhere': protocol.Bounds(
         pods=pods(('a', 'x', (0, 0)), ('b', 'x', (0,))), dels_per_sandbox=1, disruptions=1,
         refusals=1),
-    'one pod, 2 sandboxes, 2 DELs each, a crash anywhere, GC': protocol.Bounds(
-        pods=pods(('a', 'x', (0, 0))), dels_per_sandbox=2, disruptions=1, refusals=0, gcs=1),
+    'one pod, 2 sandboxes, a crash anywhere, GC': protocol.Bounds(
+        pods=pods(('a', 'x', (0, 0))), dels_per_sandbox=1, disruptions=1, refusals=1, gcs=1),
 }
 
-# Longer bounds for nights (tox -e model-long, or KURYR_CNI_MODEL_LONG=1).
+# Longer bounds for nights: KURYR_CNI_MODEL_LONG=1 adds them (not a skip otherwise:
+# CI counts skips as failures).
 LONG_BOUNDS = {
     '2 pods, 3 sandboxes each, a crash anywhere': protocol.Bounds(
-        pods=pods(('a', 'x', (0, 0, 1)), ('b', 'x', (0, 0, 0))), dels_per_sandbox=2,
-        disruptions=1, refusals=1, gcs=1),
+        pods=pods(('a', 'x', (0, 0, 1)), ('b', 'x', (0, 0, 0))), dels_per_sandbox=1,
+        disruptions=1, refusals=1),
 }
 
 
@@ -48,19 +50,14 @@ def _explore(bounds):
     return result
 
 
-@pytest.mark.parametrize('name', sorted(CI_BOUNDS))
+BOUNDS = dict(CI_BOUNDS, **(LONG_BOUNDS if os.environ.get('KURYR_CNI_MODEL_LONG') else {}))
+
+
+@pytest.mark.parametrize('name', sorted(BOUNDS))
 def test_the_fixed_protocol_holds(name):
-    result = _explore(CI_BOUNDS[name])
-    assert result.violation is None, result.report(CI_BOUNDS[name])
+    result = _explore(BOUNDS[name])
+    assert result.violation is None, result.report(BOUNDS[name])
     assert result.quiescent > 0
-
-
-@pytest.mark.skipif(not os.environ.get('KURYR_CNI_MODEL_LONG'),
-                    reason='long bounds: set KURYR_CNI_MODEL_LONG=1 (tox -e model-long)')
-@pytest.mark.parametrize('name', sorted(LONG_BOUNDS))
-def test_the_fixed_protocol_holds_within_long_bounds(name):
-    result = _explore(LONG_BOUNDS[name])
-    assert result.violation is None, result.report(LONG_BOUNDS[name])
 
 
 def test_2c4a2fa_drops_a_queued_del_on_a_passing_error():
@@ -95,8 +92,9 @@ def test_2c4a2fa_loses_the_record_of_a_plug_whose_rollback_failed():
                                           disruptions=0, refusals=1,
                                           without=frozenset({'owner_del_removes_tagged'})),
      'devices of a1'),
-    ('noop_del_removes_lock', protocol.Bounds(pods=pods(('a', 'x', (0,))), dels_per_sandbox=1,
-                                              disruptions=1, refusals=1), 'lock files'),
+    ('tick_removes_orphan_locks', protocol.Bounds(pods=pods(('a', 'x', (0,))),
+                                                  dels_per_sandbox=1, disruptions=1,
+                                                  refusals=1), 'lock files'),
 ])
 def test_each_fix_is_needed(fix, bounds, finding):
     without = bounds.__class__(**dict(vars(bounds), without=bounds.without | {fix}))
@@ -135,8 +133,8 @@ def test_durable_steps_are_the_plans_filesystem_calls():
     steps = protocol.DURABLE_STEPS
     # One durable write per first ADD (node.rst), then the completed record unsynced.
     first = steps['Ownership.add: first sandbox of a pod']
-    assert [c for c in first if c[0] == 'fsync'] == [('fsync', 'binding.tmp'),
-                                                      ('fsync', 'bindings/')]
+    fsyncs = [call for call in first if call[0] == 'fsync']
+    assert fsyncs == [('fsync', 'binding.tmp'), ('fsync', 'bindings/')]
     assert first[:2] == [('open', 'lock'), ('flock', 'lock')]
     assert steps['Ownership.delete: no binding'][-1] == ('unlink', 'lock')
     assert all(call in {'open', 'write', 'fsync', 'rename', 'unlink', 'flock'}
@@ -150,3 +148,20 @@ def test_2c4a2fa_leaves_a_device_for_good_when_it_drops_a_queued_del():
     result = explore.explore(bounds, want=('set aside', 'devices of a1'))
     print('\n' + result.report(bounds))
     assert 'bindings' in result.violation
+
+
+def test_the_checker_catches_a_del_judged_by_the_pods_name(monkeypatch):
+    """The invariants have teeth: DESIGN §1's race (ADD A fails, DEL A, ADD B, DEL A
+    again), on a model whose DEL acts for the pod's owner, as the daemon this project
+    replaces did."""
+    judged = protocol.Model.plan_delete
+
+    def by_pod_name(model, st, sid, gc=False):
+        binding = st.bindings[model.pod_of[sid]]
+        return judged(model, st, binding[0] if binding and binding[0] else sid, gc)
+
+    monkeypatch.setattr(protocol.Model, 'plan_delete', by_pod_name)
+    bounds = protocol.Bounds(pods=pods(('a', 'x', (0, 0))), dels_per_sandbox=2,
+                             disruptions=0, refusals=0)
+    result = _explore(bounds)
+    assert "a DEL of a1 (not the owner) changed owner a2's network" == result.violation
