@@ -579,6 +579,10 @@ class Protocol(RuleBasedStateMachine):
         assert not _queue_entries(self.state_dir), (
             'the DEL queue still holds %s' % _queue_entries(self.state_dir))
 
+    def assert_no_lock_files(self):
+        left = os.listdir(os.path.join(self.state_dir, 'locks'))
+        assert not left, 'lock files left: %s' % left
+
     def assert_empty(self):
         assert not self.node.devices(), sorted(self.node.devices())
         left = {sub: sorted(os.listdir(os.path.join(self.state_dir, sub)))

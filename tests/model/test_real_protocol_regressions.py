@@ -81,3 +81,14 @@ def test_del_of_a_sandbox_whose_add_waits_for_its_vifs_stops_that_add():
     replay(('add', 'p0-s0'),                    # waits: no VIFs published yet
            ('delete', 'p0-s0'),                 # the runtime gives up on the sandbox
            ('vifs', POD0, 0, True))             # the ADD goes on and plugs it
+
+
+def test_housekeeping_removes_that_lock_file_while_the_daemon_runs():
+    """The same, without a restart: the next housekeeping round removes the free lock file."""
+    machine = rp.Protocol()
+    replay(('vifs', POD0, 0, False),
+           ('add', 'p0-s0', 1),
+           ('delete', 'p0-s0', None, False),
+           ('housekeeping',),
+           ('assert_no_lock_files',),
+           machine=machine)
