@@ -20,9 +20,11 @@ killed between any two. Steps are named as the code names them
 
 Two variants: ``2c4a2fa`` (replay sets a queued DEL aside on a non-retryable
 error; ``_plug`` drops the ``plugging`` record whatever the rollback did) and
-``fixed`` (the entry is kept and retried; the record is kept until the
-rollback completed, and the owner's DEL removes tagged devices it has no
-record of).
+``fixed``, with each of :data:`FIXES` (the entry is kept and retried; the
+record is kept until the rollback completed; the owner's DEL removes tagged
+devices it has no record of; housekeeping removes lock files of pods with no
+binding). The invariants are at the end (:func:`check_state`,
+:func:`check_step`, :func:`check_quiescent`).
 """
 
 import dataclasses
