@@ -93,6 +93,39 @@ class PodLocks:
         except FileNotFoundError:
             return False
 
+    def remove_unused(self, has_binding):
+        """Remove the lock files that nobody holds of pods without a binding; returns how
+        many went.
+
+        A worker killed after making a pod's lock file and before writing its
+        first record, or a GC killed in its hold of a pod without binding,
+        leaves the file, and no request would remove it: a DEL without the
+        pod's name finds no binding and takes no lock. ``has_binding(stem)``
+        is asked under the lock; a held lock is skipped, never waited for. An
+        acquirer whose descriptor was opened before the removal finds it
+        unlinked after locking and retries with a new file.
+        """
+        removed = 0
+        for name in self.held_files():
+            stem = name[:-len('.lock')]
+            if not state.is_stem(stem) or has_binding(stem):
+                continue        # asked again under the lock: a pod's first ADD may be writing
+            path = os.path.join(self.directory, name)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue        # removed meanwhile, or not a lock file of ours
+            try:
+                if self._try_lock(fd) and self._still_linked(fd, path) \
+                        and not has_binding(stem):
+                    os.unlink(path)
+                    removed += 1
+            except OSError:
+                continue        # tried again at the next round
+            finally:
+                os.close(fd)
+        return removed
+
     def held_files(self):
         """Names of the lock files present (for tests and leak checks)."""
         try:

@@ -67,6 +67,11 @@ _STEM = re.compile(r'^[0-9a-f]{32}\Z')
 _QUEUE_ENTRY = re.compile(r'^[0-9]{1,20}-[0-9]{1,10}\.json\Z')
 
 
+def is_stem(name):
+    """Whether ``name`` has the form of a :func:`file_stem`."""
+    return bool(_STEM.match(name))
+
+
 def file_stem(pod_key):
     """The fixed-length name under which a pod's files are kept."""
     return hashlib.blake2b(pod_key.encode(), digest_size=16).hexdigest()
@@ -217,6 +222,10 @@ class BindingStore:
         name = file_stem(binding.pod) + '.json'
         with disk_errors(self.directory, 'write the binding of pod %s' % binding.pod):
             write_atomically(self.directory, name, data, durable)
+
+    def has_stem(self, stem):
+        """Whether a binding file of the pod whose :func:`file_stem` is ``stem`` exists."""
+        return os.path.exists(os.path.join(self.directory, stem + '.json'))
 
     def remove(self, pod_key):
         with disk_errors(self.directory, 'remove the binding of pod %s' % pod_key), \

@@ -1,7 +1,7 @@
 """Recovery chores while the daemon runs, done from a thread of CNI worker 0.
 
 Start-up recovery (:mod:`kuryr_cni.daemon.recovery`) runs once, before the
-socket opens. Three of its steps are needed again later:
+socket opens. Four of its steps are needed again later:
 
 * replaying the DEL queue: a shim queues a DEL whenever it cannot reach the
   daemon, which also happens while the daemon runs (a DEL that timed out, one
@@ -14,9 +14,12 @@ socket opens. Three of its steps are needed again later:
   (:meth:`kuryr_cni.registry.StatusTable.request_resync`);
 * removing the temporary files of state writes that never finished: a
   worker's once it has died, a shim's once it is a minute old
-  (:meth:`kuryr_cni.state.BindingStore.remove_temporaries`).
+  (:meth:`kuryr_cni.state.BindingStore.remove_temporaries`);
+* removing the lock files nobody holds of pods without a binding, which a
+  worker killed before its first record leaves
+  (:meth:`kuryr_cni.podlock.PodLocks.remove_unused`).
 
-Every ``interval`` seconds the thread does all three, with the normal ownership
+Every ``interval`` seconds the thread does all four, with the normal ownership
 rules and pod locks, so it is idempotent and safe next to live requests. Only
 worker 0 runs it (cotyledon gives a replacement the same worker id), so two
 processes never replay one entry at once. It decides nothing itself.
@@ -76,6 +79,7 @@ class Housekeeper:
             recovery.resync_mirror(self.ownership)
         # A killed writer's leftovers; a write in progress is never this old.
         self.ownership.store.remove_temporaries(while_running=True)
+        self.ownership.locks.remove_unused(self.ownership.store.has_stem)
         self.queue.remove_temporaries()
         replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop,
                                          retries=self.retries)

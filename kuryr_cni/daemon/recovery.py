@@ -4,6 +4,8 @@
    finished, and move bindings of kuryr-cni 0.1.0 to their digest names.
 2. Reload every valid persisted binding into the registry mirror; a file that
    is not a valid record is set aside, never fatal (:mod:`kuryr_cni.state`).
+   Remove the lock files of pods without a binding, which a worker killed
+   before its first record leaves (:meth:`kuryr_cni.podlock.PodLocks.remove_unused`).
 3. Compare the kernel with them: a host device whose owner tag names a
    sandbox that no binding records is reported and left alone. Records are
    persisted before devices are made and dropped only after they are gone, so
@@ -68,6 +70,7 @@ def restore(ownership, queue, lock_dir):
     queue.remove_temporaries()
     store.migrate_legacy_names(lock_dir)
     bindings = store.load_all()
+    ownership.locks.remove_unused(store.has_stem)
     ownership.registry.bindings.replace({key: b.summary() for key, b in bindings.items()})
     unrecorded = find_unrecorded_devices(bindings, ownership.kernel)
     replayed = replay_queue(ownership, queue)

@@ -313,3 +313,17 @@ def test_waiter_gets_a_fresh_file_after_the_holder_removes_it(tmp_path, children
     assert holder.exitcode == 0
     assert 'error' not in seen, seen.get('error')
     assert seen == {'files': [LOCK0], 'exclusive': True}
+
+
+def test_remove_unused_takes_only_free_lock_files_of_pods_without_binding(tmp_path):
+    locks = podlock.PodLocks(str(tmp_path))
+    for pod in ('ns/left', 'ns/bound', 'ns/busy'):
+        with locks.hold(pod, time.monotonic() + 5):
+            pass
+    bound = {state.file_stem('ns/bound')}
+    with locks.hold('ns/busy', time.monotonic() + 5):
+        assert locks.remove_unused(lambda stem: stem in bound) == 1
+        assert locks.held_files() == sorted(state.file_stem(p) + '.lock'
+                                            for p in ('ns/bound', 'ns/busy'))
+    assert locks.remove_unused(lambda stem: stem in bound) == 1
+    assert locks.held_files() == [state.file_stem('ns/bound') + '.lock']
