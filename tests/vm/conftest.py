@@ -33,10 +33,10 @@ SYSTEMD = 'systemd'
 
 def pytest_collection_modifyitems(items):
     """The tests that wait for the kernel guest's run go last (a stable sort)."""
-    items.sort(key=_waits_for_the_kernel_run)
+    items.sort(key=waits_for_the_kernel_run)
 
 
-def _waits_for_the_kernel_run(item):
+def waits_for_the_kernel_run(item):
     function = getattr(item, 'function', None)     # its own arguments, not its fixtures'
     return function is not None and 'kernel_run' in inspect.signature(function).parameters
 

@@ -32,8 +32,8 @@ def test_the_host_kernels_skips_pass_on_the_guest_kernel(guests, kernel_run):
     counts = kernel_suite.summary_counts(result.output)
     kernel = guests.run(vm.KERNEL, 'uname -r').check('uname').strip()
     print('guest kernel %s: %s\n%s' % (kernel, counts, result.output[-1500:]))
-    print('memory (PSS): %s' % {name: '%d MiB' % guests.memory_mib(name)
-                                for name in (vm.KERNEL, vm.SYSTEMD)})
+    memory = {name: '%d MiB' % guests.memory_mib(name) for name in (vm.KERNEL, vm.SYSTEMD)}
+    print('memory (resident guest RAM): %s' % memory)
     assert result.returncode == 0, result.output[-6000:]
     # Nothing skipped: under CI=true only a vm-tier kernel skip could, and this is the vm tier.
     assert set(counts) == {'passed', 'deselected'}, result.output[-6000:]

@@ -127,11 +127,14 @@ def api(guests):
 
 
 @pytest.fixture(scope='module')
-def service(guests, api, kernel_run):
+def service(request, guests, api):
     """The daemon installed and started; its pod's KuryrPort and gateway ready.
 
-    ``kernel_run``: the kernel guest's long run starts first and overlaps this.
+    When the session also waits for the kernel guest's long run, that starts
+    first, so that it overlaps this.
     """
+    if any(vm.waits_for_the_kernel_run(item) for item in request.session.items):
+        request.getfixturevalue('kernel_run')
     result = guests.run(vm.SYSTEMD, _install_script(api.address[1]), timeout=INSTALL_TIMEOUT)
     print(result.output[-2000:])
     result.check('the documented install')
