@@ -17,11 +17,11 @@ Then, on the running service: ``active`` through ``READY=1``; the exposure
 ``systemd-analyze security`` gives; the hardening in force on every process
 of the service (``/proc/PID/status``: ``NoNewPrivs``, ``CapBnd``,
 ``Seccomp`` 2; ``/`` read-only and the state directory writable in its mount
-namespace) while
-ADD, CHECK and DEL through the installed shim plug a real 802.1Q eth0 into a
-pod namespace, which pings a gateway on VLAN 101 in the other guest; one
-journal line per request; and the watchdog killing and restarting a daemon
-stopped with SIGSTOP, the pod keeping its network and its DEL answered after.
+namespace) while ADD, CHECK and DEL through the installed shim plug a real
+802.1Q eth0 into a pod namespace, which pings a gateway on VLAN 101 in the
+other guest; one journal line per request; the watchdog killing and restarting a daemon
+stopped with SIGSTOP, the pod keeping its network and its DEL answered after;
+and ``systemctl restart`` with a pod plugged and an ADD sent meanwhile.
 """
 
 import json
@@ -32,6 +32,7 @@ import time
 import pytest
 
 from kuryr_cni import netns
+from tests import wait
 from tests.ops import test_install
 from tests.unit import osvif_fixtures as fx
 from tests.vm import conftest as vm
@@ -104,10 +105,10 @@ class Service:
         out = self.sh('cat /sys/fs/cgroup/system.slice/%s.service/cgroup.procs' % UNIT)
         return [int(pid) for pid in out.check('cgroup.procs').split()]
 
-    def cni(self, command, container_id, netns_name):
+    def cni(self, command, container_id, netns_name, pod=POD, uid=UID):
         out = self.sh('cd %s && PYTHONPATH=%s /opt/kuryr-cni/bin/python -m tests.vm.guest_cni '
-                      '%s %s %s %s %s' % (REPO, REPO, command, container_id, netns_name, POD,
-                                          UID), timeout=180).check('CNI ' + command)
+                      '%s %s %s %s %s' % (REPO, REPO, command, container_id, netns_name, pod,
+                                          uid), timeout=180).check('CNI ' + command)
         return json.loads(out.strip().splitlines()[-1])
 
     def journal(self):
@@ -241,3 +242,48 @@ def test_watchdog_restarts_a_stopped_daemon_and_the_pod_keeps_its_network(servic
         assert 'eth0' not in service.sh('ip -n pod-b -br link').check('links')
     finally:
         service.sh('ip netns del pod-b')
+
+
+def test_systemctl_restart_keeps_pods_and_an_add_sent_meanwhile_gets_through(service):
+    service.api.create_pod('default', 'web-1', vm.SYSTEMD, uid='uid-web-1')
+    service.api.create_kuryrport(
+        'default', 'web-1', vm.SYSTEMD,
+        spec={'podUid': 'uid-web-1', 'podStatic': False, 'podNodeName': vm.SYSTEMD},
+        status={'vifs': fx.status_vifs(fx.vlan_vif(vlan_id=VLAN_ID + 1, n=6))})
+    service.sh('ip netns add pod-c && ip netns add pod-d').check('the pod namespaces')
+    try:
+        assert service.cni('add', 'sandbox-c', 'pod-c')['code'] == 0
+        eth0 = json.loads(service.sh('ip -n pod-c -j link show eth0').check('eth0'))[0]
+        before = service.show('MainPID')['MainPID']
+        service.sh('systemctl restart --no-block %s' % UNIT).check('restart')
+        # As kubelet does: an ADD told to try again (code 11) is sent again.
+        answers = []
+        deadline = time.monotonic() + 180
+        while not answers or answers[-1]['code'] != 0:
+            answers.append(service.cni('add', 'sandbox-d', 'pod-d', pod='web-1',
+                                       uid='uid-web-1'))
+            # The shim's exit status, then the CNI code of its error answer.
+            assert answers[-1]['code'] == 0 or answers[-1]['output']['code'] == 11, answers
+            assert time.monotonic() < deadline, answers
+
+        def restarted():
+            now = service.show('MainPID', 'ActiveState')
+            return now['ActiveState'] == 'active' and now['MainPID'] != before
+
+        wait.until(restarted, 180, 'the restarted daemon to be active', interval=2)
+        # The pod plugged before the restart kept its device, untouched.
+        after = json.loads(service.sh('ip -n pod-c -j link show eth0').check('eth0'))[0]
+        assert (after['ifindex'], 'UP' in after['flags']) == (eth0['ifindex'], True)
+        # One journal line per request that reached a daemon (the shim alone answers
+        # "unreachable" while neither listens).
+        reached = [a for a in answers if 'unreachable' not in json.dumps(a['output'])]
+        journal = service.journal()
+        lines = [c for c, _pod, cid, _ in _REQUEST.findall(journal) if cid == 'sandbox-d']
+        assert lines == ['ADD'] * len(reached), (answers, journal[-3000:])
+        print('ADD during systemctl restart: %d attempts, %d reached a daemon'
+              % (len(answers), len(reached)))
+        for sandbox, netns_name, pod, uid in (('sandbox-c', 'pod-c', POD, UID),
+                                              ('sandbox-d', 'pod-d', 'web-1', 'uid-web-1')):
+            assert service.cni('del', sandbox, netns_name, pod=pod, uid=uid)['code'] == 0
+    finally:
+        service.sh('ip netns del pod-c; ip netns del pod-d')
