@@ -2,7 +2,9 @@
 
 What plugging relies on: the kernel handles the messages of one write in
 order, answers each, and goes on after a refusal; a creation's echo gives
-both ends' indexes.
+both ends' indexes, where the kernel echoes one: 6.1 (the vm tier's guest)
+sends no echo of an ``RTM_NEWLINK``, 6.18 does, and the bridge driver then
+reads the indexes back by name (``BridgeDriver._indexes``).
 """
 
 import errno
@@ -25,8 +27,11 @@ def test_a_batch_is_applied_in_order_past_a_refusal(pod_ns):
         created, = channel.send([rtnl.new_veth('kc-test', 1400, None, 'eth0', pod_fd,
                                                'fa:16:3e:00:00:05', 'create')])
         assert created.error is None
-        host_index, pod_index = rtnl.created_link(created, 'kc-test')
-        assert host.links()['kc-test']['ifindex'] == host_index
+        echoed = rtnl.created_link(created, 'kc-test')
+        host_index, pod_index = host.links()['kc-test']['ifindex'], pod.links()['eth0']['ifindex']
+        assert echoed in ((host_index, pod_index), None)
+        if echoed is None:
+            assert created.echoed == [], 'an echo created_link could not read'
         with netns.channel(pod_fd) as pod_channel:
             requests = pod_channel.send([
                 rtnl.set_link(pod_index, 'tag', alias='kuryr-cni:c:eth0', no_ipv6=True),

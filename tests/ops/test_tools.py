@@ -1,5 +1,5 @@
-"""The commands for real counterparts (tools/openstack, tools/kube-apiserver, tools/node),
-as tools.
+"""The commands for real counterparts (tools/openstack, tools/kube-apiserver, tools/node,
+tools/vm), as tools.
 
 What needs no build and no root: the scripts are clean bash, say how they
 are used, and ``stop`` is safe on a directory that never ran anything (so a
@@ -19,8 +19,10 @@ from tests.ops import shellcheck
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-TOOLS = [REPO / 'tools' / 'openstack', REPO / 'tools' / 'kube-apiserver', REPO / 'tools' / 'node']
+TOOLS = [REPO / 'tools' / 'openstack', REPO / 'tools' / 'kube-apiserver', REPO / 'tools' / 'node',
+         REPO / 'tools' / 'vm']
 NODE = REPO / 'tools' / 'node'
+VM = REPO / 'tools' / 'vm'
 
 
 @pytest.mark.parametrize('tool', TOOLS + [REPO / 'tools' / 'private-apt'], ids=lambda p: p.name)
@@ -58,6 +60,22 @@ def test_node_stop_of_nothing_is_a_noop_twice(tmp_path):
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / 'never-started').exists()
+
+
+def test_vm_stop_of_nothing_is_a_noop_twice(tmp_path):
+    for _ in range(2):
+        proc = subprocess.run([str(VM), 'stop', str(tmp_path / 'never-started')],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / 'never-started').exists()
+
+
+@pytest.mark.parametrize('args', [('start', 'DIR'), ('run', 'DIR', 'n1'), ('stop',),
+                                  ('start', 'DIR', '--mem')])
+def test_vm_refuses_what_it_does_not_do(args):
+    proc = subprocess.run([str(VM), *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert 'vm start DIR' in proc.stderr
 
 
 def test_oci_image_is_a_layout_ctr_can_import(tmp_path):
