@@ -127,7 +127,7 @@ def test_a_second_daemon_sharing_the_run_dir_is_refused_and_touches_nothing(daem
     with open(second, 'w') as f:
         f.write(text.replace('daemon.log', 'second.log')
                 + '\n[health]\nport = 18091\n[prometheus]\nport = 19656\n')
-    registry_sock = os.path.join(run_dir, 'registry.sock')
+    registry_sock = os.path.join(run_dir, 'registry', 'registry.sock')
     inode = os.stat(registry_sock).st_ino
     metrics_dir = os.path.join(run_dir, 'metrics')
     metrics_files = {name: os.stat(os.path.join(metrics_dir, name)).st_ino
