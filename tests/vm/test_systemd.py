@@ -48,7 +48,11 @@ POD_GATEWAY = '10.0.0.1'        # dual_stack_network's; on VLAN 101 of the kerne
 POD = 'web-0'
 UID = 'uid-web-0'
 # CAP_DAC_OVERRIDE (1), CAP_NET_ADMIN (12), CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21)
-CAP_BND = '%016x' % sum(1 << bit for bit in (1, 12, 19, 21))
+# The unit's CapabilityBoundingSet: DAC_OVERRIDE, SETGID, SETUID, SETPCAP, NET_ADMIN,
+# SYS_PTRACE, SYS_ADMIN. The watcher and ops empty it when they drop root.
+CAP_BND = '%016x' % sum(1 << bit for bit in (1, 6, 7, 8, 12, 19, 21))
+NO_CAPS = '%016x' % 0
+UNPRIVILEGED_ROLES = ('watcher', 'ops')
 INSTALL_TIMEOUT = 900
 WATCHDOG_SEC = 30
 RESTART_SEC = 5
@@ -174,6 +178,12 @@ def _status(service, pid):
     return dict(re.findall(r'^(\w+):\s+(.*)$', out, re.M))
 
 
+def _role(service, pid):
+    """'watcher' of 'kuryr-cni-daemon: watcher' (the process title), else the title."""
+    title = service.sh('tr "\\0" " " </proc/%d/cmdline' % pid).check('title of %d' % pid)
+    return title.strip().rsplit(': ', 1)[-1]
+
+
 def _mount_options(service, pid, path):
     out = service.sh('cat /proc/%d/mountinfo' % pid).check('mountinfo')
     options = [line.split()[5] for line in out.splitlines() if line.split()[4] == path]
@@ -184,13 +194,23 @@ def test_hardening_holds_while_a_pod_plugs_and_unplugs(service):
     main_pid = int(service.show('MainPID')['MainPID'])
     pids = service.pids()
     assert main_pid in pids and len(pids) >= 3, pids   # parent, workers, watcher...
+    nobody = service.sh('id -u nobody').check('nobody').strip()
+    roles = set()
     for pid in pids:
         status = _status(service, pid)
         assert status['NoNewPrivs'] == '1', (pid, status)
         assert status['Seccomp'] == '2', (pid, status)
-        assert status['CapBnd'] == CAP_BND, (pid, status)
+        role = _role(service, pid)
+        roles.add(role)
+        if role in UNPRIVILEGED_ROLES:      # privilege separation, as the unit runs it
+            assert status['Uid'].split() == [nobody] * 4, (role, status)
+            assert [status[key] for key in ('CapInh', 'CapPrm', 'CapEff', 'CapBnd',
+                                            'CapAmb')] == [NO_CAPS] * 5, (role, status)
+        else:
+            assert status['CapBnd'] == CAP_BND, (pid, status)
         assert 'ro' in _mount_options(service, pid, '/'), pid
         assert 'rw' in _mount_options(service, pid, '/var/lib/kuryr-cni'), pid
+    assert set(UNPRIVILEGED_ROLES) <= roles, roles
     service.sh('ip netns add pod-a').check('the pod namespace')
     try:
         added = service.cni('add', 'sandbox-a', 'pod-a')
