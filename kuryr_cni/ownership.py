@@ -14,7 +14,9 @@ under the pod's flock (:mod:`kuryr_cni.podlock`):
   Neutron marks a port ACTIVE only once it sees the host side just plugged. The
   two waits share ``vif_timeout``; the plug between them does not count. A
   timeout leaves what was plugged recorded for the runtime's DEL; a DEL of B
-  while it waits unplugs it and fails the ADD. A sandbox's namespace is fixed
+  while it waits unplugs it and fails the ADD. A DEL of B before the claim
+  (while B's ADD waits for its VIFs) finds nothing to remove, and the ADD,
+  told so at its claim, fails having changed nothing. A sandbox's namespace is fixed
   by its first ADD: an ADD naming another one is refused (code 4) and changes
   nothing.
 * DEL(A) from the owner unplugs A and clears the binding. DEL(A) from anyone
@@ -136,8 +138,14 @@ class Ownership:
                         req.pod.key, req.container_id, exc.msg, exc.details)
             raise
         addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
-        newest, taken = self.registry.bindings.admit_add(
+        deleted, newest, taken = self.registry.bindings.admit_add(
             req.container_id, req.pod.key, addresses, deadline, token)
+        if deleted:
+            # The runtime was told the sandbox is gone; it tears down a sandbox whose
+            # ADD failed, so failing is right, and plugging would leave devices no
+            # DEL will ever come for.
+            raise errors.TryAgainLater('sandbox %s of pod %s was deleted while its ADD waited '
+                                       'for the VIFs' % (req.container_id, req.pod.key))
         if newest not in (None, req.container_id):
             raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
                                        'whose ADD came later' % (req.container_id, req.pod.key,
@@ -358,7 +366,12 @@ class Ownership:
         """Apply DEL; returns the outcome counted: success, noop or stale."""
         if req.netns and self.kernel.netns_exists(req.netns):   # it may be gone already
             self.kernel.check_netns(req.netns)
-        pod_key = req.pod.key if req.pod else self._find_container(req.container_id)
+        # From here on no ADD of the sandbox in flight may claim the pod; one that
+        # claimed already holds the pod's lock until its claim is recorded, so the
+        # binding read under that lock below sees it.
+        adding_to = self.registry.bindings.cancel_adds(req.container_id)
+        pod_key = req.pod.key if req.pod else (self._find_container(req.container_id)
+                                               or min(adding_to, default=None))
         if pod_key is None:
             self._remove_tagged(req)
             return 'noop'
