@@ -423,6 +423,14 @@ class BindingTable(_Table):
                                         if now - entry[1] < NEWEST_ADD_TTL}
         return self._pod_record(pod)
 
+    def add_look(self, token, pod):
+        """``(deleted, record)``: whether a DEL cancelled the ADD of ``token``
+        (:meth:`cancel_adds`), and ``pod``'s record: the look of an ADD waiting for
+        its VIFs, which ends at once when its sandbox is deleted."""
+        with self._lock:
+            deleted = token in self._cancelled
+        return deleted, self._pod_record(pod)
+
     def summary_and_record(self, pod):
         """``(summary, record)``: ``pod``'s binding summary and its pods-table record."""
         with self._lock:
@@ -474,7 +482,9 @@ class BindingTable(_Table):
         with self._lock:
             tokens = [t for t, (cid, _, _) in self._adds.items() if cid == container_id]
             self._cancelled.update(tokens)
-            return {self._adds[t][1] for t in tokens} - {None}
+            pods = {self._adds[t][1] for t in tokens} - {None}
+        _changed(pods)      # wakes the ADDs waiting for their VIFs (add_look)
+        return pods
 
     def add_finished(self, token):
         """The ADD of ``token`` (its :meth:`add_started` token) ended: it is no longer in

@@ -527,7 +527,13 @@ def test_a_del_cancels_the_adds_of_its_sandbox_in_flight_and_no_later_one(reg):
     reg.bindings.add_started('c1', time.monotonic(), 'ns/a', 't1')
     reg.bindings.add_started('c1', time.monotonic(), 'ns/a', 't2')
     reg.bindings.add_started('c2', time.monotonic(), 'ns/b', 't3')
+    reg.pods.put('ns/a', {'uid': 'u1', 'vifs': {}})
+    assert reg.bindings.add_look('t1', 'ns/a') == (False, {'uid': 'u1', 'vifs': {}})
+    seen = reg.changes.version('ns/a')
     assert reg.bindings.cancel_adds('c1') == {'ns/a'}
+    assert reg.changes.version('ns/a') != seen          # the waiting ADDs look again
+    assert reg.bindings.add_look('t1', 'ns/a') == (True, {'uid': 'u1', 'vifs': {}})
+    assert reg.bindings.add_look('t3', 'ns/b') == (False, None)
     assert reg.bindings.cancel_adds('c9') == set()
     for token in ('t1', 't2'):
         assert reg.bindings.admit_add('c1', 'ns/a', {'10.0.0.5'}, later, token) == \
