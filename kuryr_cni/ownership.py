@@ -14,9 +14,11 @@ under the pod's flock (:mod:`kuryr_cni.podlock`):
   Neutron marks a port ACTIVE only once it sees the host side just plugged. The
   two waits share ``vif_timeout``; the plug between them does not count. A
   timeout leaves what was plugged recorded for the runtime's DEL; a DEL of B
-  while it waits unplugs it and fails the ADD. A sandbox's namespace is fixed
-  by its first ADD: an ADD naming another one is refused (code 4) and changes
-  nothing.
+  while it waits unplugs it and fails the ADD. A DEL of B before the claim
+  (while B's ADD waits for its VIFs) finds nothing to remove, and the ADD
+  fails having changed nothing: at once when it waits, else at its claim. A
+  sandbox's namespace is fixed by its first ADD: an ADD naming another one is
+  refused (code 4) and changes nothing.
 * DEL(A) from the owner unplugs A and clears the binding. DEL(A) from anyone
   else touches nothing of the owner's: it removes only what is provably A's and
   is counted as a rejected stale DEL. An unknown A is a successful no-op.
@@ -70,7 +72,8 @@ class Ownership:
             # The ADD's registration brings back its first look at the pod's record.
             vifs = self._wait(pod, min(deadline, started + self.vif_timeout), 'published',
                               _vifs_published, first_look=lambda: bindings.add_started(
-                                  req.container_id, started, pod.key, token))
+                                  req.container_id, started, pod.key, token),
+                              look=lambda: self._look_unless_deleted(req, token))
             waited = time.monotonic() - started
             result = self._claim_and_plug(req, vifs, deadline, token)
             # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
@@ -136,8 +139,10 @@ class Ownership:
                         req.pod.key, req.container_id, exc.msg, exc.details)
             raise
         addresses = {a for vif in vifs.values() for a in records.vif_addresses(vif)}
-        newest, taken = self.registry.bindings.admit_add(
+        deleted, newest, taken = self.registry.bindings.admit_add(
             req.container_id, req.pod.key, addresses, deadline, token)
+        if deleted:
+            raise _deleted_meanwhile(req)
         if newest not in (None, req.container_id):
             raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
                                        'whose ADD came later' % (req.container_id, req.pod.key,
@@ -148,6 +153,14 @@ class Ownership:
                 '%s is bound to pod %s' % item for item in sorted(taken.items())))
             raise errors.AddressTaken('%s bound to another pod of this node'
                                       % ', '.join(sorted(taken)))
+
+    def _look_unless_deleted(self, req, token):
+        """The pod's record, for an ADD waiting for its VIFs; fails once a DEL of the
+        sandbox came (:meth:`_admit` would refuse it anyway: no need to wait)."""
+        deleted, record = self.registry.bindings.add_look(token, req.pod.key)
+        if deleted:
+            raise _deleted_meanwhile(req)
+        return record
 
     def _wait_active(self, req, plugged, deadline):
         """Wait until every VIF plugged for ``req`` is active; unlocked.
@@ -179,12 +192,12 @@ class Ownership:
                                            % req.pod.key)
             return vifs
 
-        self._wait(req.pod, deadline, 'active', active, look=look)
+        self._wait(req.pod, deadline, 'active', active, look)
 
-    def _wait(self, pod, deadline, what, ready, look=None, first_look=None):
+    def _wait(self, pod, deadline, what, ready, look, first_look=None):
         """Read ``pod``'s record until it satisfies ``ready``, each time its rows change.
 
-        ``look()`` reads the record (default: from the pods table);
+        ``look()`` reads the record (and may refuse to wait on);
         ``first_look()``, when given, instead of the first ``look()``.
 
         The registry's change counters (:class:`kuryr_cni.registry.Changes`,
@@ -196,7 +209,6 @@ class Ownership:
         Event on the pod (``events``, best effort, never waited for).
         """
         changes = self.registry.changes
-        look = look or (lambda: self.registry.pods.get(pod.key))
         next_look = first_look or look
         started = time.monotonic()
         while True:
@@ -358,7 +370,12 @@ class Ownership:
         """Apply DEL; returns the outcome counted: success, noop or stale."""
         if req.netns and self.kernel.netns_exists(req.netns):   # it may be gone already
             self.kernel.check_netns(req.netns)
-        pod_key = req.pod.key if req.pod else self._find_container(req.container_id)
+        # From here on no ADD of the sandbox in flight may claim the pod; one that
+        # claimed already holds the pod's lock until its claim is recorded, so the
+        # binding read under that lock below sees it.
+        adding_to = self.registry.bindings.cancel_adds(req.container_id)
+        pod_key = req.pod.key if req.pod else (self._find_container(req.container_id)
+                                               or min(adding_to, default=None))
         if pod_key is None:
             self._remove_tagged(req)
             return 'noop'
@@ -580,6 +597,14 @@ class _NotRolledBack(Exception):
     def __init__(self, error):
         super().__init__(error)
         self.error = error
+
+
+def _deleted_meanwhile(req):
+    # The runtime was told the sandbox is gone; it tears down a sandbox whose ADD
+    # failed, so failing is right, and plugging would leave devices no DEL will
+    # ever come for.
+    return errors.TryAgainLater('sandbox %s of pod %s was deleted while its ADD waited '
+                                'for the VIFs' % (req.container_id, req.pod.key))
 
 
 def _vifs_published(record):

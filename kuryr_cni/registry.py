@@ -352,8 +352,9 @@ class BindingTable(_Table):
     flight: when each started (a GC spares them), which came last for each pod,
     and the addresses each reserved.
 
-    An ADD makes three calls: :meth:`add_started`, :meth:`admit_add` (its
-    order and its addresses, judged together) and :meth:`add_finished`. Its
+    An ADD makes three calls: :meth:`add_started`, :meth:`admit_add` (whether
+    a DEL of its sandbox came meanwhile, its order and its addresses, judged
+    together) and :meth:`add_finished`; a DEL makes one, :meth:`cancel_adds`. Its
     reads of the pods table (``pods``, in the same Manager process) ride on
     calls it makes anyway: :meth:`add_started` returns the pod's record, and
     :meth:`summary_and_record` reads the owner and the record at once. On a
@@ -372,7 +373,8 @@ class BindingTable(_Table):
         # may retry an ADD of a sandbox while the first still runs, and the first
         # to end must not end the other's mark or reservation.
         self._reserved = {}         # ADD token -> (pod key, addresses, time.monotonic() limit)
-        self._adds = {}             # ADD token -> (container ID, time.monotonic() it started)
+        self._adds = {}             # ADD token -> (container ID, pod key, monotonic start)
+        self._cancelled = set()     # tokens of ADDs in flight whose sandbox a DEL removed
         self._newest_add = {}       # pod key -> (container ID, monotonic time) of its last ADD
 
     def put(self, key, value):
@@ -412,7 +414,7 @@ class BindingTable(_Table):
         first look for its VIFs.
         """
         with self._lock:
-            self._adds[token or container_id] = (container_id, when)
+            self._adds[token or container_id] = (container_id, pod, when)
             if pod is not None:
                 now = time.monotonic()
                 self._newest_add[pod] = (container_id, now)
@@ -420,6 +422,14 @@ class BindingTable(_Table):
                     self._newest_add = {key: entry for key, entry in self._newest_add.items()
                                         if now - entry[1] < NEWEST_ADD_TTL}
         return self._pod_record(pod)
+
+    def add_look(self, token, pod):
+        """``(deleted, record)``: whether a DEL cancelled the ADD of ``token``
+        (:meth:`cancel_adds`), and ``pod``'s record: the look of an ADD waiting for
+        its VIFs, which ends at once when its sandbox is deleted."""
+        with self._lock:
+            deleted = token in self._cancelled
+        return deleted, self._pod_record(pod)
 
     def summary_and_record(self, pod):
         """``(summary, record)``: ``pod``'s binding summary and its pods-table record."""
@@ -440,32 +450,55 @@ class BindingTable(_Table):
         return entry[0] if entry and time.monotonic() - entry[1] < NEWEST_ADD_TTL else None
 
     def admit_add(self, container_id, pod, addresses, until, token=None):
-        """Judge the ADD of ``container_id`` to ``pod``: ``(newest, taken)``.
+        """Judge the ADD of ``container_id`` to ``pod``: ``(deleted, newest, taken)``.
 
-        ``newest``: the container ID of the pod's newest ADD (see
+        ``deleted``: a DEL of the sandbox came since the ADD started
+        (:meth:`cancel_adds`); the ADD may claim nothing and nothing is
+        reserved. ``newest``: the container ID of the pod's newest ADD (see
         :meth:`_newest`); when it is another, the ADD is superseded and
         nothing is reserved. Otherwise ``taken`` is what
         :meth:`reserve_addresses` returns for ``addresses``. One call, under
         one lock hold.
         """
+        token = token or container_id
         with self._lock:
             newest = self._newest(pod)
+            if token in self._cancelled:
+                return True, newest, {}
             if newest not in (None, container_id):
-                return newest, {}
-            return newest, self._reserve(token or container_id, pod, addresses, until)
+                return False, newest, {}
+            return False, newest, self._reserve(token, pod, addresses, until)
+
+    def cancel_adds(self, container_id):
+        """A DEL of sandbox ``container_id``: its ADDs in flight now may claim nothing
+        (:meth:`admit_add` says so). Returns the keys of the pods they are for.
+
+        The runtime was told the sandbox is deleted and will not DEL it again,
+        so an ADD still waiting for its VIFs must not go on to plug it. An ADD
+        admitted before this call has the pod's lock until its claim is
+        recorded, so the DEL, which takes that lock next, finds the claim.
+        ADDs the runtime sends later are not touched.
+        """
+        with self._lock:
+            tokens = [t for t, (cid, _, _) in self._adds.items() if cid == container_id]
+            self._cancelled.update(tokens)
+            pods = {self._adds[t][1] for t in tokens} - {None}
+        _changed(pods)      # wakes the ADDs waiting for their VIFs (add_look)
+        return pods
 
     def add_finished(self, token):
         """The ADD of ``token`` (its :meth:`add_started` token) ended: it is no longer in
         flight, its reservation ends. Another ADD of the same sandbox keeps its own."""
         with self._lock:
             self._adds.pop(token, None)
+            self._cancelled.discard(token)
             self._reserved.pop(token, None)
 
     def adds_since(self, cutoff):
         """Container IDs with an ADD that started after ``cutoff`` (a ``time.monotonic()``)
         and runs."""
         with self._lock:
-            return {cid for cid, started in self._adds.values() if started > cutoff}
+            return {cid for cid, _, started in self._adds.values() if started > cutoff}
 
     def reserve_addresses(self, container_id, pod, addresses, until, token=None):
         """Reserve ``addresses`` for the ADD of ``container_id`` to pod ``pod`` until

@@ -5,8 +5,6 @@ the wind-down's checks at the end (as Hypothesis runs it).
 Each names the hole of issue 31 it found and the test fails on the code before its fix.
 """
 
-import pytest
-
 from tests.model import real_protocol as rp
 
 POD0, POD1 = rp.PODS
@@ -70,14 +68,12 @@ def test_lock_file_of_an_add_killed_before_its_first_record_goes():
            ('delete', 'p0-s0', None, False))    # CNI_ARGS without K8S_POD_NAME
 
 
-@pytest.mark.xfail(strict=True, reason='found by tests/model, not fixed yet: a DEL answered '
-                   'while the ADD of its sandbox waits for the VIFs to be published does not '
-                   'stop that ADD, which then plugs the deleted sandbox')
 def test_del_of_a_sandbox_whose_add_waits_for_its_vifs_stops_that_add():
     """Found by the state machine (DEL inside RunPodSandbox, before the VIFs exist): the
     DEL finds no binding and answers success; when the VIFs appear, the ADD still
     waiting claims the pod and plugs the sandbox the runtime deleted, whose devices
-    then stay until a GC or a newer sandbox's ADD evicts them."""
+    then stayed until a GC or a newer sandbox's ADD evicted them. The DEL now marks
+    the ADDs of its sandbox in flight, and the ADD, told so at its claim, fails."""
     replay(('add', 'p0-s0'),                    # waits: no VIFs published yet
            ('delete', 'p0-s0'),                 # the runtime gives up on the sandbox
            ('vifs', POD0, 0, True))             # the ADD goes on and plugs it

@@ -475,6 +475,80 @@ def test_a_del_of_a_deleting_pods_sandbox_ends_its_wait_for_active_vifs_at_once(
     assert world.effects() == HOST_A and world.owner() is None
 
 
+@pytest.mark.parametrize('pod', [True, False], ids=['with the pod', 'without the pod'])
+def test_a_del_of_a_sandbox_whose_add_waits_for_its_vifs_stops_that_add(world, pod):
+    """The runtime gives up on sandbox A while its ADD waits for the VIFs to be
+    published, and DELs it (with or without K8S_POD_NAME): the DEL succeeds with nothing
+    to remove, and the ADD fails at once (code 11) having plugged and recorded nothing,
+    where it used to plug the deleted sandbox for good once the VIFs appeared."""
+    world.registry.drop_pod(POD)            # no VIFs published yet
+    add = world.pool.submit(world.request, 'ADD', 'A')
+    wait.until(lambda: 'A' in world.registry.bindings.adds_since(0), what='ADD A in flight')
+    deleted = time.monotonic()
+    assert world.request('DEL', 'A', pod=pod) == 'ok'
+    assert add.result(timeout=30) == 11     # at once, not when vif_timeout (3 s) ends
+    assert time.monotonic() - deleted < world.ownership.vif_timeout / 2
+    world.publish(active=True)
+    assert world.effects() == []
+    assert world.ownership.store.load(POD) is None
+    assert not os.path.exists(world.ownership.locks.path(POD))
+    assert world.request('ADD', 'A') == 'ok'    # a later ADD of the sandbox is not refused
+
+
+def test_a_del_while_the_add_waits_for_the_pods_lock_stops_that_add(world, monkeypatch):
+    """ADD A has its VIFs and waits for the pod's lock (held here) when DEL A comes:
+    whichever of the two gets the lock first, the ADD is refused at its claim (code 11)
+    and nothing of A is made."""
+    holds = []
+    hold = world.ownership.locks.hold
+
+    def counted(pod_key, deadline):
+        holds.append(pod_key)
+        return hold(pod_key, deadline)
+    monkeypatch.setattr(world.ownership.locks, 'hold', counted)
+    with hold(POD, time.monotonic() + 30):
+        add = world.pool.submit(world.request, 'ADD', 'A')
+        wait.until(lambda: holds == [POD], what='the ADD to ask for the pod\'s lock')
+        delete = world.pool.submit(world.request, 'DEL', 'A')
+        wait.until(lambda: holds == [POD, POD], what='the DEL to ask for the pod\'s lock')
+    assert (add.result(timeout=30), delete.result(timeout=30)) == (11, 'ok')
+    assert world.effects() == []
+    assert world.ownership.store.load(POD) is None
+
+
+def test_a_del_without_the_pod_racing_with_the_claim_waits_for_it_and_removes_it(
+        world, monkeypatch):
+    """DEL A, without K8S_POD_NAME, arrives while A's ADD, admitted, holds the pod's lock
+    and has recorded nothing yet: the DEL finds no binding of A, but the ADD in flight
+    names the pod, so it waits for the pod's lock and removes what the ADD plugged."""
+    admitted, release = threading.Event(), threading.Event()
+    refuse_moved = world.ownership._refuse_moved_sandbox
+
+    def held(binding, req):
+        admitted.set()
+        release.wait(30)
+        refuse_moved(binding, req)
+    monkeypatch.setattr(world.ownership, '_refuse_moved_sandbox', held)
+    holds = []
+    hold = world.ownership.locks.hold
+
+    def counted(pod_key, deadline):
+        holds.append(pod_key)
+        return hold(pod_key, deadline)
+    monkeypatch.setattr(world.ownership.locks, 'hold', counted)
+    add = world.pool.submit(world.request, 'ADD', 'A')
+    try:
+        assert admitted.wait(30)
+        delete = world.pool.submit(world.request, 'DEL', 'A', pod=False)
+        wait.until(lambda: delete.done() or len(holds) == 2,
+                   what='the DEL to answer or to ask for the pod\'s lock')
+    finally:
+        release.set()
+    assert (add.result(timeout=30), delete.result(timeout=30)) == ('ok', 'ok')
+    assert world.effects() == MAKE_A + HOST_A
+    assert world.ownership.store.load(POD) is None
+
+
 # -- the binding policy: refused before anything is claimed -----------------------------
 
 @pytest.mark.parametrize('owned', [False, True], ids=['first ADD', 'ADD of a new sandbox'])

@@ -509,7 +509,8 @@ def test_two_adds_of_one_sandbox_each_end_only_their_own_mark_and_reservation(re
     later = time.monotonic() + 60
     for token in ('t1', 't2'):
         reg.bindings.add_started('c1', time.monotonic(), 'ns/a', token)
-        assert reg.bindings.admit_add('c1', 'ns/a', {'10.0.0.5'}, later, token) == ('c1', {})
+        assert reg.bindings.admit_add('c1', 'ns/a', {'10.0.0.5'}, later, token) == \
+            (False, 'c1', {})
     reg.bindings.add_finished('t1')
     assert reg.bindings.adds_since(0) == {'c1'}
     assert reg.bindings.reserve_addresses('c2', 'ns/b', {'10.0.0.5'}, later) == \
@@ -517,3 +518,32 @@ def test_two_adds_of_one_sandbox_each_end_only_their_own_mark_and_reservation(re
     reg.bindings.add_finished('t2')
     assert reg.bindings.adds_since(0) == set()
     assert reg.bindings.reserve_addresses('c2', 'ns/b', {'10.0.0.5'}, later) == {}
+
+
+def test_a_del_cancels_the_adds_of_its_sandbox_in_flight_and_no_later_one(reg):
+    """DEL c1 while two ADDs of c1 and one of c2 run: the two of c1 may claim nothing
+    (and reserve nothing); c2's, and an ADD of c1 sent after the DEL, are admitted."""
+    later = time.monotonic() + 60
+    reg.bindings.add_started('c1', time.monotonic(), 'ns/a', 't1')
+    reg.bindings.add_started('c1', time.monotonic(), 'ns/a', 't2')
+    reg.bindings.add_started('c2', time.monotonic(), 'ns/b', 't3')
+    reg.pods.put('ns/a', {'uid': 'u1', 'vifs': {}})
+    assert reg.bindings.add_look('t1', 'ns/a') == (False, {'uid': 'u1', 'vifs': {}})
+    seen = reg.changes.version('ns/a')
+    assert reg.bindings.cancel_adds('c1') == {'ns/a'}
+    assert reg.changes.version('ns/a') != seen          # the waiting ADDs look again
+    assert reg.bindings.add_look('t1', 'ns/a') == (True, {'uid': 'u1', 'vifs': {}})
+    assert reg.bindings.add_look('t3', 'ns/b') == (False, None)
+    assert reg.bindings.cancel_adds('c9') == set()
+    for token in ('t1', 't2'):
+        assert reg.bindings.admit_add('c1', 'ns/a', {'10.0.0.5'}, later, token) == \
+            (True, 'c1', {})
+    assert reg.bindings.admit_add('c2', 'ns/b', {'10.0.0.6'}, later, 't3') == \
+        (False, 'c2', {})
+    assert reg.bindings.reserve_addresses('c3', 'ns/c', {'10.0.0.5'}, later) == {}
+    reg.bindings.add_started('c1', time.monotonic(), 'ns/a', 't4')
+    assert reg.bindings.admit_add('c1', 'ns/a', {'10.0.0.7'}, later, 't4') == \
+        (False, 'c1', {})
+    for token in ('t1', 't2', 't3', 't4'):
+        reg.bindings.add_finished(token)
+    assert reg.bindings.adds_since(0) == set()
