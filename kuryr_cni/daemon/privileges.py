@@ -30,6 +30,7 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
+CAP_CHOWN = 0
 CAP_SETGID = 6
 CAP_SETUID = 7
 CAP_SETPCAP = 8
@@ -73,14 +74,15 @@ def identity(user):
 
 
 def check_can_drop():
-    """Raise :class:`PrivilegeError` unless this process can change its uid and gid.
+    """Raise :class:`PrivilegeError` unless this process can change its uid and gid,
+    and give the directories the dropped processes share to their group (:func:`shared_dir`).
 
     Checked at start so that a unit whose bounding set lacks them is refused in
-    one line, not by children failing one after another.
+    one line, not by children failing one after another or by a traceback.
     """
     effective = int(status()['CapEff'], 16)
-    missing = [name for name, cap in (('CAP_SETUID', CAP_SETUID), ('CAP_SETGID', CAP_SETGID))
-               if not effective & (1 << cap)]
+    needed = (('CAP_SETUID', CAP_SETUID), ('CAP_SETGID', CAP_SETGID), ('CAP_CHOWN', CAP_CHOWN))
+    missing = [name for name, cap in needed if not effective & (1 << cap)]
     if missing:
         raise PrivilegeError('the watcher and ops processes could not drop root: the daemon '
                              'lacks %s (add them to the unit\'s CapabilityBoundingSet= or the '

@@ -111,8 +111,9 @@ def test_unit_directories_are_the_daemons_defaults():
     assert {str(run_dir), str(state_dir)} <= writable
 
 
-# The watcher's and ops' drop to [cni_daemon] unprivileged_user (privileges.drop).
-DROP_CAPS = {'CAP_SETUID', 'CAP_SETGID', 'CAP_SETPCAP'}
+# The watcher's and ops' drop to [cni_daemon] unprivileged_user (privileges.drop), and
+# the run dir's shared directories given to that user's group (privileges.shared_dir).
+DROP_CAPS = {'CAP_SETUID', 'CAP_SETGID', 'CAP_SETPCAP', 'CAP_CHOWN'}
 
 
 def test_unit_capabilities_allow_netlink_setns_and_the_drop_of_root_only():

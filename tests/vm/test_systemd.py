@@ -48,9 +48,9 @@ POD_GATEWAY = '10.0.0.1'        # dual_stack_network's; on VLAN 101 of the kerne
 POD = 'web-0'
 UID = 'uid-web-0'
 # CAP_DAC_OVERRIDE (1), CAP_NET_ADMIN (12), CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21)
-# The unit's CapabilityBoundingSet: DAC_OVERRIDE, SETGID, SETUID, SETPCAP, NET_ADMIN,
-# SYS_PTRACE, SYS_ADMIN. The watcher and ops empty it when they drop root.
-CAP_BND = '%016x' % sum(1 << bit for bit in (1, 6, 7, 8, 12, 19, 21))
+# The unit's CapabilityBoundingSet: CHOWN, DAC_OVERRIDE, SETGID, SETUID, SETPCAP,
+# NET_ADMIN, SYS_PTRACE, SYS_ADMIN. The watcher and ops empty it when they drop root.
+CAP_BND = '%016x' % sum(1 << bit for bit in (0, 1, 6, 7, 8, 12, 19, 21))
 NO_CAPS = '%016x' % 0
 UNPRIVILEGED_ROLES = ('watcher', 'ops')
 INSTALL_TIMEOUT = 900
