@@ -20,6 +20,7 @@ import ctypes
 import errno
 import fcntl
 import gc
+import importlib
 import multiprocessing
 import os
 import sys
@@ -242,7 +243,16 @@ def _recover(conf, registry):
                      ownership.locks.directory)
 
 
+# What the dropped processes import after their drop, imported before it: the
+# daemon's virtualenv need not be readable by the unprivileged user (tox's
+# .tox/ is 0700, a root-only /root/venv would be too).
+IMPORTED_BEFORE_THE_DROP = ('prometheus_client.core', 'prometheus_client.exposition',
+                            'prometheus_client.multiprocess')
+
+
 def _drop(role, unprivileged):
+    for module in IMPORTED_BEFORE_THE_DROP:
+        importlib.import_module(module)
     privileges.keep_log_files_open()
     try:
         privileges.drop(unprivileged)

@@ -53,6 +53,7 @@ UID = 'uid-web-0'
 CAP_BND = '%016x' % sum(1 << bit for bit in (0, 1, 6, 7, 8, 12, 19, 21))
 NO_CAPS = '%016x' % 0
 UNPRIVILEGED_ROLES = ('watcher', 'ops')
+WEB_1_PORT = '8c5f3a10-2f4e-4c3b-9a61-0d6f2b7e4a26'   # web-0's is fx.PORT_ID
 INSTALL_TIMEOUT = 900
 WATCHDOG_SEC = 30
 RESTART_SEC = 5
@@ -269,7 +270,7 @@ def test_systemctl_restart_keeps_pods_and_an_add_sent_meanwhile_gets_through(ser
     service.api.create_kuryrport(
         'default', 'web-1', vm.SYSTEMD,
         spec={'podUid': 'uid-web-1', 'podStatic': False, 'podNodeName': vm.SYSTEMD},
-        status={'vifs': fx.status_vifs(fx.vlan_vif(vlan_id=VLAN_ID + 1, n=6))})
+        status={'vifs': fx.status_vifs(fx.vlan_vif(vlan_id=VLAN_ID + 1, n=6, id=WEB_1_PORT))})
     service.sh('ip netns add pod-c && ip netns add pod-d').check('the pod namespaces')
     try:
         assert service.cni('add', 'sandbox-c', 'pod-c')['code'] == 0
