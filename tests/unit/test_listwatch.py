@@ -328,6 +328,8 @@ def test_http_410_relists_too(run):
         srv.create_pod('default', 'elsewhere', 'node-2')
         srv.restart()
         h.sink.wait_for(lambda s: s.replaces == 2, 'the relist')
+        # on_restart comes once the relist was answered, maybe after its replace.
+        h.sink.wait_for(lambda s: h.restarts, 'on_restart')
         assert h.restarts == ['expired']        # the resume was refused, never answered
         h.close()
 
