@@ -20,6 +20,8 @@ from kubernetes.config import incluster_config
 from oslo_log import log as logging
 import urllib3
 
+from kuryr_cni import conf as daemon_conf
+
 LOG = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 500             # of an API error's message, in the logs
@@ -32,9 +34,14 @@ API_CLASSES = (client.CoreV1Api, client.CustomObjectsApi)
 
 
 def from_options(k8s):
-    """:func:`make_api_client` from the ``[kubernetes]`` option group ``k8s``."""
+    """:func:`make_api_client` from the ``[kubernetes]`` option group ``k8s``.
+
+    An api_root's token and CA files default to the service account's, as
+    kuryr-kubernetes' did (:func:`kuryr_cni.conf.api_credentials`).
+    """
+    token_file, ca_file = daemon_conf.api_credentials(k8s)
     return make_api_client(api_root=k8s.api_root, kubeconfig=k8s.kubeconfig,
-                           token_file=k8s.token_file, ca_file=k8s.ca_file,
+                           token_file=token_file, ca_file=ca_file,
                            verify_ssl=k8s.verify_server_cert, cert_file=k8s.client_cert_file,
                            key_file=k8s.client_key_file)
 

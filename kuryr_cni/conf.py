@@ -26,6 +26,8 @@ from oslo_log import log as logging
 from kuryr_cni import kuryrconf
 from kuryr_cni import version
 
+DEFAULT_WORKERS = 4     # [cni_daemon] worker_count, and the most worker_num is read as
+
 cni_daemon_opts = [
     cfg.StrOpt('node_name', sample_default='<KUBERNETES_NODE_NAME, else the host name>',
                help='Name of this node as Kubernetes knows it; only pods with '
@@ -38,8 +40,12 @@ cni_daemon_opts = [
                     'daemon\'s CNI API. Its directory is created 0700 and the '
                     'socket 0600; both must belong to root, and a connection '
                     'from any other uid is closed unanswered.'),
-    cfg.IntOpt('worker_count', default=4, min=1, max=64, deprecated_name='worker_num',
-               help='Number of pre-forked CNI worker processes.'),
+    cfg.IntOpt('worker_count', default=DEFAULT_WORKERS, min=1, max=64,
+               deprecated_name='worker_num',
+               help='Number of pre-forked CNI worker processes, each resident and '
+                    'serving worker_concurrency requests at once. Read from '
+                    'kuryr-kubernetes\' worker_num (the most processes it forked '
+                    'at once, one per request) up to %d.' % DEFAULT_WORKERS),
     cfg.IntOpt('worker_concurrency', default=32, min=1, max=1024,
                help='Requests one worker serves at once (its request threads). '
                     'A worker accepts connections only while one of them is '
@@ -94,9 +100,16 @@ kubernetes_opts = [
                help='Kubernetes API URL, e.g. https://10.0.0.1:6443. When neither '
                     'this nor kubeconfig is set, in-cluster configuration is used.'),
     cfg.StrOpt('kubeconfig', default=None, help='Path of a kubeconfig file.'),
-    cfg.StrOpt('token_file', default=None, help='File holding the bearer token.'),
+    cfg.StrOpt('token_file', default=None,
+               help='File holding the bearer token sent to api_root. Unset, it is '
+                    'the service account\'s token file, as in kuryr-kubernetes, '
+                    'when it exists (and no client_cert_file is set); an HTTPS '
+                    'api_root without any credential is refused at start. Empty '
+                    '(token_file = "") sends no token.'),
     cfg.StrOpt('ca_file', default=None, deprecated_name='ssl_ca_crt_file',
-               help='CA bundle to verify the API server at api_root.'),
+               help='CA bundle to verify the API server at api_root. Unset, it '
+                    'is the service account\'s ca.crt, as in kuryr-kubernetes, '
+                    'when it exists, else the system\'s CA certificates.'),
     cfg.BoolOpt('verify_server_cert', default=True, deprecated_name='ssl_verify_server_crt',
                 help='Verify the certificate of the API server at api_root. '
                      'kuryr-kubernetes\' ssl_verify_server_crt defaults to false; '
@@ -113,6 +126,11 @@ kubernetes_opts = [
                     'its KuryrPorts. The default holds 250 pods of 256 KiB each. A '
                     'larger answer is refused and retried after a backoff, and /ready '
                     'fails meanwhile.'),
+    cfg.BoolOpt('use_events', default=True,
+                help='Post Kubernetes Events on pods whose ADD waits for their VIFs '
+                     'or times out (CNIWaitingForActiveVIFs and the like), as '
+                     'kuryr-kubernetes\' option of this name does. Each is an object '
+                     'etcd keeps for an hour.'),
     cfg.IntOpt('list_timeout', default=120, min=10, max=3600,
                help='Seconds a whole list answer may take, however its bytes trickle '
                     'in; a slower one is cut, and retried after a backoff.'),
@@ -285,7 +303,7 @@ def validate(conf):
     :class:`Note` list of what was read under kuryr-kubernetes' names or
     ignored as theirs (:mod:`kuryr_cni.kuryrconf`), for the caller to log.
     """
-    where, notes = _check_names(conf)
+    where, notes, spelled_upstream = _check_names(conf)
     # oslo.config would report each deprecated name once, before logging is set up.
     with _quiet_deprecations():
         for group, name in _every_option(conf):
@@ -297,9 +315,104 @@ def validate(conf):
             check, problem = _SEMANTICS.get((group, name), (None, None))
             if check and value is not None and not check(value):
                 raise ConfigError(_line(where, group, name, '%r %s' % (value, problem)))
-        if conf.kubernetes.api_root and not conf.kubernetes.verify_server_cert:
-            notes.append(Note(logging.WARNING, 'The API server\'s certificate is not '
-                              'verified ([kubernetes] verify_server_cert is false)'))
+        if conf.kubernetes.api_root:
+            notes += _api_credentials_notes(conf.kubernetes, where)
+        notes += _upstream_meanings(conf, where, spelled_upstream)
+    return notes
+
+
+# kuryr-kubernetes' defaults of [kubernetes] token_file and ssl_ca_crt_file: the
+# service account's files, whether or not the daemon ran in a pod.
+SERVICE_ACCOUNT_DIR = '/var/run/secrets/kubernetes.io/serviceaccount'
+
+
+def api_credentials(k8s):
+    """(token file, CA file) of requests to ``[kubernetes] api_root``; None for none.
+
+    Each as set; unset (None), the service account's, as kuryr-kubernetes
+    read them, where it exists (the token only without a client certificate).
+    An empty string, upstream's way of saying none, stays none.
+    """
+    token, ca = k8s.token_file, k8s.ca_file
+    if token is None and not k8s.client_cert_file:
+        token = _service_account_file('token')
+    if ca is None:
+        ca = _service_account_file('ca.crt')
+    return token or None, ca or None
+
+
+def _service_account_file(name):
+    path = os.path.join(SERVICE_ACCOUNT_DIR, name)
+    return path if os.path.isfile(path) else None
+
+
+def _api_credentials_notes(k8s, where):
+    """What an api_root is reached with, where kuryr-kubernetes' defaults decide it.
+
+    Raises :class:`ConfigError` for an HTTPS api_root that would get requests
+    without any credential: the file was written for a daemon that sent the
+    service account's token by default.
+    """
+    notes = []
+    token, ca = api_credentials(k8s)
+    https = k8s.api_root.startswith('https://')
+    if k8s.token_file is None and token:
+        notes.append(Note(logging.INFO, '[kubernetes] token_file is not set: requests to '
+                          '%s carry the service account\'s token %s, as kuryr-kubernetes\' '
+                          'did' % (k8s.api_root, token)))
+    elif not token and not k8s.client_cert_file:
+        why = ('no token_file (it is empty)' if k8s.token_file == '' else
+               'neither token_file nor client_cert_file, and no service account token %s '
+               '(kuryr-kubernetes\' default token_file)' % os.path.join(SERVICE_ACCOUNT_DIR,
+                                                                       'token'))
+        if https and k8s.token_file is None:
+            raise ConfigError(_line(where, 'kubernetes', 'api_root', 'is set with %s: its '
+                                    'requests would be unauthenticated; set token_file '
+                                    '(token_file = "" sends none)' % why))
+        notes.append(Note(logging.WARNING, 'Requests to %s carry no credentials: %s%s' % (
+            k8s.api_root, why, '' if https else ' (plain HTTP: a proxy must add them)')))
+    if https and k8s.verify_server_cert and k8s.ca_file is None:
+        notes.append(Note(logging.INFO, 'The API server\'s certificate is verified against '
+                          + ('the service account\'s CA %s, as kuryr-kubernetes\' default '
+                             'ssl_ca_crt_file' % ca if ca else
+                             'the system\'s CA certificates ([kubernetes] ca_file is not '
+                             'set, and there is no service account CA)')))
+    if not k8s.verify_server_cert:
+        notes.append(Note(logging.WARNING, 'The API server\'s certificate is not '
+                          'verified ([kubernetes] verify_server_cert is false)'))
+    return notes
+
+
+def _upstream_meanings(conf, where, spelled_upstream):
+    """Map options read under kuryr-kubernetes' names whose meaning differs here.
+
+    ``spelled_upstream``: {(group, option): the upstream (group, name) its
+    value was read from}. May override an option (the one change validation
+    makes); returns one :class:`Note` for each such option, saying what it
+    now means.
+    """
+    notes = []
+    opts = conf.cni_daemon
+    if spelled_upstream.get(('cni_daemon', 'worker_count')) == ('cni_daemon', 'worker_num'):
+        # Upstream forked a process per request, up to worker_num at once (30 by
+        # default); a resident worker here serves worker_concurrency requests at
+        # once, and thirty of them would hold thirty Python heaps for good.
+        asked = opts.worker_count
+        workers = min(asked, DEFAULT_WORKERS)
+        conf.set_override('worker_count', workers, group='cni_daemon')
+        notes.append(Note(logging.WARNING if workers < asked else logging.INFO,
+                          '%s = %d, kuryr-daemon\'s most processes forked at once (one per '
+                          'request), is read as %d resident CNI workers serving up to %d '
+                          'requests at once each ([cni_daemon] worker_count, at most %d '
+                          'from worker_num)' % (_spelled(where, 'cni_daemon', 'worker_count'),
+                                                asked, workers,
+                                                opts.worker_concurrency, DEFAULT_WORKERS)))
+    if opts.vif_timeout >= opts.request_timeout:
+        notes.append(Note(logging.WARNING, '%s = %d is not shorter than [cni_daemon] '
+                          'request_timeout (%d s): an ADD whose VIFs are late fails after '
+                          'request_timeout, and kubelet retries it' % (
+                              _spelled(where, 'cni_daemon', 'vif_timeout'),
+                              opts.vif_timeout, opts.request_timeout)))
     return notes
 
 
@@ -345,12 +458,14 @@ def _known_names(conf):
 def _check_names(conf):
     """Refuse unknown groups and options.
 
-    Returns ``({(group, option): "file: [group] name" that set it}, notes)``, the notes saying
-    which of kuryr-kubernetes' names were read as ours and which ignored.
+    Returns ``({(group, option): "file: [group] name" that set it}, notes,
+    {(group, option): (group, name) of kuryr-kubernetes' it was last read from})``,
+    the notes saying which of kuryr-kubernetes' names were read as ours and which
+    ignored (those whose meaning differs are left to :func:`_upstream_meanings`).
     """
     known = _known_names(conf)
     renamed = _renamed()
-    where, notes, controller = {}, [], {}
+    where, notes, controller, spelled_upstream = {}, [], {}, {}
     for path in _config_files(conf):
         sections = {}
         cfg.ConfigParser(path, sections).parse()
@@ -365,11 +480,16 @@ def _check_names(conf):
             for name in options:
                 if name in known.get(group, ()):
                     spelled = '%s: [%s] %s' % (path, section, name)
+                    ours = renamed.get((group, name), (group, name))
                     if (group, name) in renamed:
-                        read_as = 'read as [%s] %s' % renamed[(group, name)]
-                        notes.append(Note(logging.INFO, '%s is %s' % (spelled, read_as)))
+                        read_as = 'read as [%s] %s' % ours
+                        if (group, name) not in _MEANING_DIFFERS:
+                            notes.append(Note(logging.INFO, '%s is %s' % (spelled, read_as)))
                         spelled += ' (%s)' % read_as
-                    where[renamed.get((group, name), (group, name))] = spelled
+                        spelled_upstream[ours] = (group, name)
+                    else:
+                        spelled_upstream.pop(ours, None)
+                    where[ours] = spelled
                     continue
                 ignored = kuryrconf.judge(group, name)
                 if ignored is None:
@@ -384,7 +504,11 @@ def _check_names(conf):
         notes.append(Note(logging.INFO, 'Ignored as kuryr-controller\'s: %s' % '; '.join(
             ('[%s] %s' % (section, ', '.join(names))).strip()
             for section, names in controller.items())))
-    return where, notes
+    return where, notes, spelled_upstream
+
+
+# kuryr-kubernetes' names read as ours with a meaning of their own (_upstream_meanings).
+_MEANING_DIFFERS = {('cni_daemon', 'worker_num')}
 
 
 def _renamed():
@@ -403,6 +527,11 @@ def _config_files(conf):
 def _did_you_mean(word, choices):
     close = difflib.get_close_matches(word, sorted(choices), n=1)
     return ' (did you mean %s?)' % close[0] if close else ''
+
+
+def _spelled(where, group, name):
+    """``[group] name`` as the operator wrote it: "file: [group] spelling", else ours."""
+    return where.get((group, name), '[%s] %s' % (group, name)).split(' (read as ')[0]
 
 
 def _line(where, group, name, problem):

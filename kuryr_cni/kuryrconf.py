@@ -61,7 +61,7 @@ _KUBERNETES_CONTROLLER = (
     'enabled_handlers', 'controller_ha', 'controller_ha_elector_port',
     # Written by kuryr-kubernetes' DevStack plugin, though no option has that name.
     'controller_ha_port',
-    'network_policy_driver', 'multi_vif_drivers', 'additional_ifname_prefix', 'use_events',
+    'network_policy_driver', 'multi_vif_drivers', 'additional_ifname_prefix',
 )
 
 # (group, option) -> why it means nothing here, for the old daemon's options

@@ -44,7 +44,12 @@ def server_limits(opts):
 
 
 def build_event_poster(conf):
-    """Kubernetes Events about pods whose ADD waits for VIFs (posted from a thread)."""
+    """Kubernetes Events about pods whose ADD waits for VIFs (posted from a thread).
+
+    None with ``[kubernetes] use_events = false``: no Events.
+    """
+    if not conf.kubernetes.use_events:
+        return None
     return events.EventPoster(lambda: apiclient.from_options(conf.kubernetes),
                               conf.cni_daemon.node_name, conf.cni_daemon.vif_source)
 

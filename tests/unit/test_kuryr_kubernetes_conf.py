@@ -6,10 +6,17 @@ the CNI side); the daemon started with it is in
 tests/functional/test_kuryr_kubernetes_conf.py.
 """
 
+import http.server
 import logging
 import socket
+import threading
 
+import pytest
+from kubernetes import client
+
+from kuryr_cni import apiclient
 from kuryr_cni import conf as config
+from kuryr_cni.daemon import worker
 from tests import fixtures
 
 
@@ -58,7 +65,9 @@ def test_what_it_holds_for_others_is_ignored_once_each_saying_why(tmp_path):
                      if n.level == logging.INFO and n.message != controller)
     assert renamed == [
         '[cni_daemon] vif_annotation_timeout is read as [cni_daemon] vif_timeout',
-        '[cni_daemon] worker_num is read as [cni_daemon] worker_count',
+        "[cni_daemon] worker_num = 3, kuryr-daemon's most processes forked at once (one per "
+        'request), is read as 3 resident CNI workers serving up to 32 requests at once each '
+        '([cni_daemon] worker_count, at most 4 from worker_num)',
         '[cni_health_server] port is read as [health] port',
         '[kubernetes] ssl_ca_crt_file is read as [kubernetes] ca_file',
         '[kubernetes] ssl_verify_server_crt is read as [kubernetes] verify_server_cert',
@@ -90,7 +99,7 @@ def test_empty_strings_mean_unset_as_upstream_writes_them(tmp_path):
 
 def test_unverified_api_server_is_warned_about(tmp_path):
     path = tmp_path / 'kuryr.conf'
-    path.write_text('[kubernetes]\napi_root = https://192.0.2.10:6443\n'
+    path.write_text('[kubernetes]\napi_root = https://192.0.2.10:6443\ntoken_file = ""\n'
                     'ssl_verify_server_crt = False\n')
     conf, notes = _loaded(path)
     assert conf.kubernetes.verify_server_cert is False
@@ -106,3 +115,165 @@ def test_kubernetes_node_name_names_the_node_unless_the_file_does(tmp_path, monk
     assert config.load(['--config-file', str(path)]).cni_daemon.node_name == 'node-1'
     monkeypatch.delenv('KUBERNETES_NODE_NAME')
     assert config.load([]).cni_daemon.node_name == socket.gethostname().lower()
+
+
+@pytest.fixture
+def service_account(tmp_path, monkeypatch):
+    """kuryr-kubernetes' default token and CA directory, empty: the test fills it."""
+    directory = tmp_path / 'serviceaccount'
+    directory.mkdir()
+    monkeypatch.setattr(config, 'SERVICE_ACCOUNT_DIR', str(directory))
+    return directory
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers any GET with an APIVersions; keeps each request's Authorization header."""
+
+    protocol_version = 'HTTP/1.0'
+    seen = None
+
+    def do_GET(self):
+        self.seen.append(self.headers.get('Authorization'))
+        body = b'{"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}'
+        self.send_response(200)
+        self.send_header('Content-Type', 'application/json')
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def recording_api():
+    """A plain-HTTP API stand-in; yields (url, the Authorization headers it received)."""
+    seen = []
+    server = http.server.ThreadingHTTPServer(
+        ('127.0.0.1', 0), type('Handler', (_Recorder,), {'seen': seen}))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield 'http://127.0.0.1:%d' % server.server_port, seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def test_without_token_file_the_service_account_token_is_sent_as_upstream_did(
+        tmp_path, service_account, recording_api):
+    """Before: an api_root without token_file sent requests with no credentials."""
+    url, seen = recording_api
+    (service_account / 'token').write_text('service-account-token\n')
+    path = fixtures.kuryr_kubernetes_conf(tmp_path, API_ROOT=url,
+                                          options={('kubernetes', 'token_file'): None})
+    conf, notes = _loaded(path)
+    assert conf.kubernetes.token_file is None
+    assert config.Note(logging.INFO, "[kubernetes] token_file is not set: requests to %s carry "
+                       "the service account's token %s/token, as kuryr-kubernetes' did"
+                       % (url, service_account)) in notes
+    assert client.CoreApi(apiclient.from_options(conf.kubernetes)).get_api_versions(
+        _request_timeout=10).versions == ['v1']
+    assert seen == ['Bearer service-account-token']
+
+
+def test_an_https_api_root_without_any_credential_is_refused(tmp_path, service_account):
+    path = fixtures.kuryr_kubernetes_conf(tmp_path, options={('kubernetes', 'token_file'): None})
+    with pytest.raises(config.ConfigError) as refusal:
+        _loaded(path)
+    assert str(refusal.value) == (
+        '%s: [kubernetes] api_root: is set with neither token_file nor client_cert_file, and '
+        "no service account token %s/token (kuryr-kubernetes' default token_file): its "
+        'requests would be unauthenticated; set token_file (token_file = "" sends none)'
+        % (path, service_account))
+
+
+def test_a_plain_http_api_root_without_credentials_is_warned_about(
+        tmp_path, service_account, recording_api):
+    url, seen = recording_api
+    path = fixtures.kuryr_kubernetes_conf(tmp_path, API_ROOT=url,
+                                          options={('kubernetes', 'token_file'): None})
+    conf, notes = _loaded(path)
+    [warning] = [n.message for n in notes if n.message.startswith('Requests to')]
+    assert warning.startswith('Requests to %s carry no credentials: neither token_file' % url)
+    assert warning.endswith('(plain HTTP: a proxy must add them)')
+    client.CoreApi(apiclient.from_options(conf.kubernetes)).get_api_versions(_request_timeout=10)
+    assert seen == [None]
+
+
+def test_token_file_empty_sends_none_knowingly(tmp_path, service_account):
+    (service_account / 'token').write_text('service-account-token\n')
+    path = fixtures.kuryr_kubernetes_conf(tmp_path, options={('kubernetes', 'token_file'): '""'})
+    conf, notes = _loaded(path)
+    assert config.api_credentials(conf.kubernetes)[0] is None
+    assert ('Requests to https://192.0.2.10:6443 carry no credentials: no token_file (it is '
+            'empty)') in [n.message for n in notes]
+
+
+def test_without_ssl_ca_crt_file_the_service_account_ca_verifies_as_upstream(
+        tmp_path, service_account):
+    (service_account / 'ca.crt').write_text('')
+    path = fixtures.kuryr_kubernetes_conf(tmp_path,
+                                          options={('kubernetes', 'ssl_ca_crt_file'): None})
+    conf, notes = _loaded(path)
+    assert config.api_credentials(conf.kubernetes) == (
+        str(tmp_path / 'token'), str(service_account / 'ca.crt'))
+    assert config.Note(logging.INFO, "The API server's certificate is verified against the "
+                       "service account's CA %s/ca.crt, as kuryr-kubernetes' default "
+                       "ssl_ca_crt_file" % service_account) in notes
+    (service_account / 'ca.crt').unlink()
+    conf, notes = _loaded(path)
+    assert config.api_credentials(conf.kubernetes)[1] is None
+    assert any("against the system's CA certificates" in n.message for n in notes)
+
+
+@pytest.mark.parametrize('worker_num, workers, level', [
+    ('30', 4, logging.WARNING),        # upstream's default: not thirty resident processes
+    ('4', 4, logging.INFO), ('1', 1, logging.INFO)])
+def test_worker_num_is_read_as_at_most_four_resident_workers(tmp_path, worker_num, workers,
+                                                             level):
+    path = fixtures.kuryr_kubernetes_conf(
+        tmp_path, options={('cni_daemon', 'worker_num'): worker_num})
+    conf, notes = _loaded(path)
+    assert conf.cni_daemon.worker_count == workers
+    [note] = [n for n in notes if '[cni_daemon] worker_num' in n.message]
+    assert note.level == level
+    assert note.message == (
+        "%s: [cni_daemon] worker_num = %s, kuryr-daemon's most processes forked at once (one "
+        'per request), is read as %d resident CNI workers serving up to 32 requests at once '
+        'each ([cni_daemon] worker_count, at most 4 from worker_num)'
+        % (path, worker_num, workers))
+
+
+def test_worker_count_under_our_name_is_taken_as_it_is(tmp_path):
+    ours = tmp_path / 'kuryr-cni.conf'
+    ours.write_text('[cni_daemon]\nworker_count = 8\n')
+    upstream = fixtures.kuryr_kubernetes_conf(tmp_path,
+                                              options={('cni_daemon', 'worker_num'): '30'})
+    conf, notes = _loaded(upstream, ours)
+    assert conf.cni_daemon.worker_count == 8
+    assert not [n for n in notes if 'worker_num' in n.message]
+
+
+def test_a_vif_annotation_timeout_past_the_request_timeout_is_warned_about(tmp_path):
+    """OpenShift's 200 s: the request's own deadline (100 s) ends the ADD first."""
+    path = fixtures.kuryr_kubernetes_conf(
+        tmp_path, options={('cni_daemon', 'vif_annotation_timeout'): '200'})
+    conf, notes = _loaded(path)
+    assert conf.cni_daemon.vif_timeout == 200
+    assert config.Note(logging.WARNING, '%s: [cni_daemon] vif_annotation_timeout = 200 is not '
+                       'shorter than [cni_daemon] request_timeout (100 s): an ADD whose VIFs '
+                       'are late fails after request_timeout, and kubelet retries it'
+                       % path) in notes
+    _, notes = _loaded(fixtures.kuryr_kubernetes_conf(tmp_path))
+    assert not [n for n in notes if 'is not shorter than' in n.message]
+
+
+@pytest.mark.parametrize('use_events, posted', [(None, True), ('True', True), ('False', False)])
+def test_use_events_false_means_no_events(tmp_path, use_events, posted):
+    path = fixtures.kuryr_kubernetes_conf(tmp_path,
+                                          options={('kubernetes', 'use_events'): use_events})
+    conf, notes = _loaded(path)
+    assert (worker.build_event_poster(conf) is not None) is posted
+    assert not [n for n in notes if '] use_events' in n.message]
