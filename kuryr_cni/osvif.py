@@ -48,6 +48,12 @@ PORT_PROFILES = ('VIFPortProfileOpenVSwitch', 'VIFPortProfileFPOpenVSwitch',
                  'VIFPortProfileOVSRepresentor', 'VIFPortProfileFPBridge',
                  'VIFPortProfileK8sDPDK', 'VIFPortProfileBase')
 DEFAULT_MTU = 1500
+# VIF classes kuryr-daemon 10.0.0 plugged that kuryr-cni refuses: the pods of
+# such ports must stay on a node that runs kuryr-daemon (doc/source/migration.rst).
+KURYR_DAEMON_ONLY = {
+    'VIFVHostUser': 'a vhost-user socket for an OVS-DPDK bridge',
+    'VIFDPDKNested': 'a nested port bound to a DPDK driver inside the pod',
+}
 _VERSION = re.compile(r'^(\d+)\.(\d+)\Z')
 
 
@@ -152,7 +158,11 @@ def read_object(primitive, names, where):
                                 % (where, sorted(primitive), sorted(keys)))
     name = primitive[prefix + '.name']
     if name not in names:
-        raise errors.InvalidVIF('%s is a %r; supported: %s' % (where, name, ', '.join(names)))
+        only_there = ('; %s (%s) is plugged by kuryr-daemon only: its pods must stay on '
+                      'kuryr-daemon' % (name, KURYR_DAEMON_ONLY[name])
+                      if name in KURYR_DAEMON_ONLY and where == 'vif' else '')
+        raise errors.InvalidVIF('%s is a %r; supported: %s%s'
+                                % (where, name, ', '.join(names), only_there))
     if primitive[prefix + '.namespace'] != NAMESPACE:
         raise errors.InvalidVIF('%s %s has namespace %r, not %r'
                                 % (where, name, primitive[prefix + '.namespace'], NAMESPACE))

@@ -11,6 +11,7 @@ import concurrent.futures
 
 import pytest
 
+from kuryr_cni import osvif
 from tools.testbed import host as testhost
 from tools.testbed import runtime as testruntime
 from tests import wait
@@ -167,3 +168,24 @@ def test_open_vswitch_vif_from_a_kuryrport(node, vif_timeout, br_int, runtime):
         assert switch.ports('br-int') == set()
     finally:
         node.stop_daemon()
+
+
+@pytest.mark.parametrize('kind', sorted(osvif.KURYR_DAEMON_ONLY))
+@pytest.mark.parametrize('vif_timeout', [5])
+def test_kinds_only_kuryr_daemon_plugs_are_refused_naming_them(source, runtime, kind):
+    """vhost-user and DPDK-nested ports, which kuryr-daemon 10.0.0 plugged: code 7, nothing made."""
+    node = source
+    node.api.create_pod('default', POD, testhost.NODE, uid=UID)
+    vif = fx.ovs_vif()
+    vif['versioned_object.name'] = kind
+    _kuryrport(node, {'vifs': fx.status_vifs(vif)})
+    sandbox = _sandbox(node)
+    before = node.links(sandbox.netns)
+    outcome = runtime.add(sandbox)
+    assert outcome.error_code == 7, outcome
+    assert ("is a '%s'; supported: VIFBridge, VIFOpenVSwitch, VIFVlanNested, VIFMacvlanNested; "
+            '%s (%s) is plugged by kuryr-daemon only: its pods must stay on kuryr-daemon'
+            % (kind, kind, osvif.KURYR_DAEMON_ONLY[kind])) in outcome.output['msg'], outcome
+    assert node.links(sandbox.netns) == before
+    assert runtime.delete(sandbox).ok
+    assert helpers.leftovers(node) == helpers.NOTHING
