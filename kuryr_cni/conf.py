@@ -153,6 +153,20 @@ binding_opts = [
                      'code 7) before anything is changed. The daemon never creates '
                      'these bridges (only the per-port qbr bridge of an ovs-hybrid '
                      'VIF, created and removed with its port); they must exist.'),
+    cfg.ListOpt('required_bridges', default=[],
+                deprecated_opts=[cfg.DeprecatedOpt('ovs_bridge', group='neutron_defaults')],
+                help='Bridges that must exist in the daemon\'s network namespace for it '
+                     'to be ready: /ready fails naming each one missing (e.g. br-int on '
+                     'Open vSwitch nodes, whose ADDs would all fail without it). Read from '
+                     'kuryr-kubernetes\' [neutron_defaults] ovs_bridge, which kuryr-daemon '
+                     'checked before each plug.'),
+    cfg.IntOpt('network_device_mtu', default=0, min=0, max=65535,
+               deprecated_opts=[cfg.DeprecatedOpt('network_device_mtu',
+                                                  group='neutron_defaults')],
+               help='Largest MTU of a pod interface (and of its host end): a VIF whose '
+                    'network has a larger one gets this one. 0: the VIF\'s own. '
+                    'kuryr-kubernetes\' [neutron_defaults] network_device_mtu, with its '
+                    'meaning.'),
     cfg.ListOpt('parents', default=[],
                 help='Parent interfaces a vlan or macvlan VIF may name besides '
                      'link_iface, as names or shell patterns. A VIF naming any '
@@ -472,8 +486,10 @@ def _check_names(conf):
         for section, options in sections.items():
             group = 'DEFAULT' if section.upper() == 'DEFAULT' else section
             if group in kuryrconf.CONTROLLER_GROUPS:
+                # Named as a whole in the INFO line, but for the few options
+                # kuryr-daemon read from it too (read under our names).
                 controller.setdefault(section, [])
-                continue
+                options = [name for name in options if name in known.get(group, ())]
             if group not in known and not kuryrconf.is_upstream_group(group):
                 raise ConfigError('%s: [%s]: unknown group%s' % (
                     path, section, _did_you_mean(section, known)))

@@ -13,6 +13,8 @@ Failure behaviour is the drivers' (see :mod:`kuryr_cni.binding.base`):
 request left unanswered.
 """
 
+import dataclasses
+
 from kuryr_cni import binding as drivers
 from kuryr_cni import netns
 from kuryr_cni import podview
@@ -63,13 +65,18 @@ class Kernel:
         policy.refuse_unlisted(vif, self.binding_options or drivers.Options())
 
     def connect(self, vif, plug):
-        self._driver(vif.kind).connect(vif, plug)
+        self._driver(vif.kind).connect(self._sized(vif), plug)
 
     def disconnect(self, kind, plug):
         self._driver(kind).disconnect(plug)
 
     def check(self, vif, plug):
-        self._driver(vif.kind).check(vif, plug)
+        self._driver(vif.kind).check(self._sized(vif), plug)
+
+    def _sized(self, vif):
+        """``vif`` with its MTU lowered to ``[binding] network_device_mtu``, when set and lower."""
+        largest = (self.binding_options or drivers.Options()).network_device_mtu
+        return dataclasses.replace(vif, mtu=largest) if largest and vif.mtu > largest else vif
 
     # Host devices known by their owner tag alone ------------------------------------
 

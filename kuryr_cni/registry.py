@@ -213,6 +213,7 @@ class StatusFacts:
     api_limits: tuple = ()          # why the API server's answers are being refused, in words
     queued_dels_failing: int = 0    # queued DELs whose replay failed, waiting to be retried
     queued_dels_failing_since: float | None = None   # time.monotonic() of the oldest's failure
+    required_bridges: tuple = ()    # bridges that must exist for the daemon to be ready
 
     def of_role(self, role):
         """``{worker_id: ProcessBeat}`` of the processes of ``role``."""
@@ -234,6 +235,7 @@ class StatusTable:
         self._lock = threading.Lock()
         self._processes = {}        # (role, worker_id) -> ProcessBeat
         self._heartbeat_timeout = None
+        self._required_bridges = ()
         self._synced = False
         self._shutting_down = False
         self._watch_activity = None
@@ -276,6 +278,11 @@ class StatusTable:
     def set_heartbeat_timeout(self, seconds):
         with self._lock:
             self._heartbeat_timeout = seconds
+
+    def set_required_bridges(self, names):
+        """The bridges whose absence makes the daemon not ready ([binding] required_bridges)."""
+        with self._lock:
+            self._required_bridges = tuple(names)
 
     # The watcher -----------------------------------------------------------------
 
@@ -343,7 +350,8 @@ class StatusTable:
                                saturated=frozenset(self._saturated),
                                api_limits=tuple(sorted(self._api_limits.values())),
                                queued_dels_failing=self._queued_dels[0],
-                               queued_dels_failing_since=self._queued_dels[1])
+                               queued_dels_failing_since=self._queued_dels[1],
+                               required_bridges=self._required_bridges)
 
 
 class BindingTable(_Table):

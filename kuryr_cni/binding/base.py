@@ -44,6 +44,7 @@ class Options:
     ovsdb_timeout: float = 10.0     # seconds for one OVSDB transaction, connect included
     bridges: tuple = ('kuryr-br0', 'br-int', 'qbr*')   # names or patterns a VIF may name
     parents: tuple = ()             # vlan/macvlan parents a VIF may name besides link_iface
+    network_device_mtu: int = 0     # the largest MTU a pod interface gets; 0: the VIF's
 
     @classmethod
     def from_conf(cls, conf):
@@ -51,7 +52,8 @@ class Options:
                    link_iface=conf.binding.link_iface,
                    ipv6_link_local=conf.binding.ipv6_link_local,
                    bridges=tuple(conf.binding.bridges),
-                   parents=tuple(conf.binding.parents))
+                   parents=tuple(conf.binding.parents),
+                   network_device_mtu=conf.binding.network_device_mtu)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,8 +79,7 @@ class HybridDriver(ovs.OvsDriver):
         """
         owner = owner_tag.alias(plug.container_id, plug.ifname)
         qbr, qvb, qvo = device_names(vif.port_id)
-        base.check_mtu(vif, self._bridge_mtu(vif.integration_bridge),
-                       'Open vSwitch bridge %s' % vif.integration_bridge)
+        self._ensure_bridge_exists(vif.integration_bridge)
         with self._namespaces(plug) as (host, pod_fd):
             self._remove_leftovers_of_port(host, vif, (qbr, qvb, qvo), owner)
             made = []           # what this call created, to undo (qvb takes qvo with it)

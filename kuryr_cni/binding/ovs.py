@@ -18,9 +18,10 @@ ovsdb_connection``) in one transaction that also replaces a row this plug
 left before. The networking agent (OVN, the ML2 agent) finds the port by
 ``iface-id``; ``kuryr-cni-owner`` is the ownership proof checked before a row
 is removed, like the alias on the device. The bridge must exist (the agent
-manages it); a VIF whose MTU exceeds the bridge's is refused.
+manages it); the VIF's MTU is not compared with the bridge's own interface
+(see :meth:`OvsDriver._ensure_bridge_exists`).
 
-Per connect: three OVSDB transactions (bridge and MTU lookup; leftover
+Per connect: three OVSDB transactions (bridge lookup; leftover
 lookup; port insertion) and the wait until ovs-vswitchd has applied the
 insertion (``cur_cfg`` reaching the ``next_cfg`` the insertion raised, as
 ``ovs-vsctl`` waits), plus the ``bridge`` driver's netlink batches.
@@ -75,7 +76,7 @@ class OvsDriver(bridge.BridgeDriver):
         """
         host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
         owner = owner_tag.alias(plug.container_id, plug.ifname)
-        base.check_mtu(vif, self._bridge_mtu(vif.bridge), 'Open vSwitch bridge %s' % vif.bridge)
+        self._ensure_bridge_exists(vif.bridge)
         with self._namespaces(plug) as (host, pod_fd):
             try:
                 self._plug_veth(host, pod_fd, None, vif, plug, attach=lambda name:
@@ -105,14 +106,17 @@ class OvsDriver(bridge.BridgeDriver):
 
     # -- OVSDB steps ---------------------------------------------------------------
 
-    def _bridge_mtu(self, name):
-        """The MTU of the bridge's own interface (None when OVS reports none)."""
-        found, local = self.ovsdb.transact(
-            _select('Bridge', name, ['name']), _select('Interface', name, ['mtu']))
+    def _ensure_bridge_exists(self, name):
+        """Raise BindingFailed unless OVS has a bridge ``name``.
+
+        Its own interface's MTU is no bound on the VIF's: Open vSwitch lowers
+        that local port to its smallest port's MTU, and forwards between
+        ports whatever it is; os-vif never compared them. Refusing a VIF
+        larger than it refused every pod of a jumbo network.
+        """
+        found, = self.ovsdb.transact(_select('Bridge', name, ['name']))
         if not found['rows']:
             raise errors.BindingFailed('Open vSwitch bridge %s does not exist' % name)
-        mtu = local['rows'][0]['mtu'] if local['rows'] else None
-        return mtu if isinstance(mtu, int) else None
 
     def _add_port(self, host_name, owner, vif, plug, bridge_name):
         """Insert Port and Interface ``host_name`` into OVS bridge ``bridge_name``,

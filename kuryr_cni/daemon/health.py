@@ -4,7 +4,8 @@ Read by ``/alive`` and ``/ready`` (:mod:`kuryr_cni.daemon.ops`), by STATUS
 (:mod:`kuryr_cni.daemon.api`), by the systemd notifier
 (:mod:`kuryr_cni.daemon.sdnotify`) and by ``kuryr-cni-ctl status``; each
 shutting-down process waits here for the CNI workers to drain. No I/O but one
-registry call and ``/proc`` reads.
+registry call, ``/proc`` reads and one interface-index lookup per required
+bridge.
 
 * alive: the registry Manager answers, and at least one CNI worker's accept
   loop and the watcher process beat within ``[health] heartbeat_timeout``
@@ -13,7 +14,10 @@ registry call and ``/proc`` reads.
   within the watcher's limits (:mod:`kuryr_cni.listwatch`: a server sending
   too much, or for too long, is named here until it stops), the CNI socket
   can take work (not every serving worker has its connections at their cap,
-  :mod:`kuryr_cni.daemon.server`), and the daemon is not shutting down.
+  :mod:`kuryr_cni.daemon.server`), every bridge of ``[binding]
+  required_bridges`` exists in the daemon's network namespace (kuryr-daemon
+  checked its ``ovs_bridge`` before each plug; without the check a missing
+  ``br-int`` showed only as failing ADDs), and the daemon is not shutting down.
 
 Queued DELs whose replay fails are reported (``queued_dels_failing`` and a
 line in ``warnings``) but fail neither probe: they are leftovers of dead
@@ -22,6 +26,7 @@ operator repairs OVSDB or the kernel would take every pod of the node out
 of service for one leftover, and restarting the daemon would not help.
 """
 
+import socket
 import time
 
 DEFAULT_HEARTBEAT_TIMEOUT = 30      # [health] heartbeat_timeout, when the parent set none
@@ -55,6 +60,8 @@ def judge(registry):
                                       for worker_id in workers)
     if saturated:
         problems.append('CNI socket saturated')
+    missing = [name for name in facts.required_bridges if not interface_exists(name)]
+    problems.extend('bridge %s missing' % name for name in missing)
     if stopping:
         problems.append('shutting down')
     warnings = []
@@ -66,10 +73,11 @@ def judge(registry):
     alive = bool(workers) and bool(watchers)
     return {'alive': alive,
             'ready': (alive and facts.synced and not facts.api_limits and not saturated
-                      and not stopping),
+                      and not missing and not stopping),
             'registry': True, 'workers': len(workers), 'watcher_synced': facts.synced,
             'api_limits': list(facts.api_limits),
-            'socket_saturated': saturated, 'shutting_down': stopping, 'problems': problems,
+            'socket_saturated': saturated, 'bridges_missing': missing,
+            'shutting_down': stopping, 'problems': problems,
             'queued_dels_failing': facts.queued_dels_failing, 'warnings': warnings}
 
 
@@ -78,6 +86,19 @@ def _serving(processes, limit, now):
     return [worker_id for worker_id, proc in processes.items()
             if proc.pid is not None and running(proc.pid)
             and (limit is None or now - proc.beat <= limit)]
+
+
+def interface_exists(name):
+    """Whether a network interface ``name`` exists in this process's network namespace.
+
+    An ioctl, not netlink: the unprivileged ops process may make it, and it
+    costs no library import there.
+    """
+    try:
+        socket.if_nametoindex(name)
+    except OSError:
+        return False
+    return True
 
 
 def running(pid):

@@ -267,6 +267,7 @@ def _drop(role, unprivileged):
 def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivileged):
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
     registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
+    registry.status.set_required_bridges(conf.binding.required_bridges)
     names = {
         sm.add(watcher.WatcherService, workers=1, args=(conf, registry)): 'watcher',
         sm.add(worker.CNIWorker, workers=conf.cni_daemon.worker_count,

@@ -16,6 +16,7 @@ import pytest
 
 from kuryr_cni import binding
 from kuryr_cni import errors
+from kuryr_cni import kernel
 from kuryr_cni import vif as vif_model
 from kuryr_cni.binding import ovs as ovs_driver
 from kuryr_cni.binding import owner_tag
@@ -166,13 +167,38 @@ def test_failed_connect_leaves_no_device_and_no_row(node, pod_ns, switch, driver
     assert 'eth0' not in pod.links()
 
 
-def test_connect_refuses_an_mtu_larger_than_the_bridges(pod_ns, switch, driver):
+@needs_ping
+def test_jumbo_vifs_plug_into_a_bridge_whose_own_port_is_smaller(node, pod_ns, switch, driver):
+    """Before: every ADD of a network with an MTU above br-int's own port's failed, code 7.
+
+    Open vSwitch forwards between ports whatever its local port's MTU, which it
+    lowers to its smallest port's; kuryr-daemon (os-vif) never compared the two.
+    """
+    switch.vsctl('set', 'Interface', BRIDGE, 'mtu_request=1500')
+    a, b = pod_ns(), pod_ns()
+    driver.connect(make_vif(5, mtu=9000), a.plug('sandbox-a'))
+    driver.connect(make_vif(6, mtu=9000), b.plug('sandbox-b'))
+    assert a.link('eth0')['mtu'] == 9000 and b.link('eth0')['mtu'] == 9000
+    assert switch.ports(BRIDGE) == {owner_tag.host_ifname('sandbox-a', 'eth0'),
+                                    owner_tag.host_ifname('sandbox-b', 'eth0')}
+    driver.check(make_vif(5, mtu=9000), a.plug('sandbox-a'))
+    jumbo = a.run('ping', '-c1', '-W2', '-q', '-M', 'do', '-s', '8000', '10.88.0.6')
+    assert jumbo.returncode == 0, jumbo             # pod to pod, one unfragmented frame
+
+
+def test_network_device_mtu_bounds_the_pod_interface(node, pod_ns, switch):
+    """kuryr-kubernetes' [neutron_defaults] network_device_mtu: the smaller of it and the VIF's."""
+    host = kernel.Kernel(host_netns=node.path, binding_options=binding.Options(
+        ovsdb_connection=switch.connection, network_device_mtu=1400))
     pod = pod_ns()
-    switch.vsctl('set', 'Interface', BRIDGE, 'mtu_request=1400')
-    with pytest.raises(errors.InvalidVIF, match='MTU 1450 is larger than the MTU 1400 of '
-                                                'Open vSwitch bridge br-int'):
-        driver.connect(make_vif(), pod.plug())
-    assert switch.ports(BRIDGE) == set()
+    plug = pod.plug('sandbox-a')
+    host.connect(make_vif(mtu=9000), plug)
+    assert pod.link('eth0')['mtu'] == 1400
+    assert node.links()[owner_tag.host_ifname('sandbox-a', 'eth0')]['mtu'] == 1400
+    host.check(make_vif(mtu=9000), plug)             # what was asked for, as bounded
+    smaller = pod_ns()
+    host.connect(make_vif(6, mtu=1300), smaller.plug('sandbox-b'))
+    assert smaller.link('eth0')['mtu'] == 1300
 
 
 def test_connect_refuses_a_missing_bridge(pod_ns, driver):

@@ -11,6 +11,7 @@ throwaway namespace: where the socket, state and log go, and the API server
 (the stand-in, inside the namespace). Nothing else is changed.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from tests import fixtures
+from tests import wait
 from tests.functional import conftest
 from tests.functional import helpers
 from tools.testbed import host as testhost
@@ -48,12 +50,24 @@ def _titles(node):
     return sorted(t for t in node.processes().values() if t.startswith('kuryr-cni-daemon: '))
 
 
-def test_runs_on_kuryr_kubernetes_conf_with_its_workers_and_ports(node):
+def _kuryr_conf(node, options=None, **values):
+    """kuryr-kubernetes' kuryr.conf for this node (the stand-in's URL, our log, 8091, 9656)."""
     upstream_dir = pathlib.Path(node.workdir) / 'kuryr'
     upstream_dir.mkdir()
-    upstream = fixtures.kuryr_kubernetes_conf(
-        upstream_dir, API_ROOT=node.api.url, LOG_FILE=os.path.join(node.workdir, 'daemon.log'),
-        HEALTH_PORT='8091', METRICS_PORT='9656')
+    filled = dict(API_ROOT=node.api.url, LOG_FILE=os.path.join(node.workdir, 'daemon.log'),
+                  HEALTH_PORT='8091', METRICS_PORT='9656')
+    filled.update(values)
+    return fixtures.kuryr_kubernetes_conf(upstream_dir, options=options, **filled)
+
+
+def _add_bridge(node, name):
+    """A bridge of that name in the node: what [neutron_defaults] ovs_bridge = br-int asks for."""
+    testhost.ip('-n', node.ns, 'link', 'add', name, 'type', 'bridge')
+
+
+def test_runs_on_kuryr_kubernetes_conf_with_its_workers_and_ports(node):
+    upstream = _kuryr_conf(node)
+    _add_bridge(node, 'br-int')
     node.start_daemon(config_files=[helpers.node_config(node, api=False), str(upstream)],
                       env={'KUBERNETES_NODE_NAME': 'worker-3'})
     started = time.monotonic()          # READY=1: serving from here on
@@ -111,3 +125,51 @@ def test_runs_on_the_shipped_config(node, shipped):
     assert node.api.wait_for_request(lambda r: r.path.endswith('/kuryrports'), 10)
     assert _titles(node).count('kuryr-cni-daemon: cni-worker') == 4
     assert ' WARNING kuryr_cni' not in _log(node)
+
+
+def test_ready_waits_for_the_bridge_its_ovs_bridge_names(node):
+    """kuryr-daemon checked [neutron_defaults] ovs_bridge before each plug.
+
+    Before, a missing br-int showed only as failing ADDs; now /ready names it,
+    and READY=1 waits for it.
+    """
+    upstream = _kuryr_conf(node)
+    node.start_daemon(config_files=[helpers.node_config(node, api=False), str(upstream)],
+                      wait=False)
+    status, body = wait.until(lambda: _probe(node, '/ready', 'bridge br-int missing'), 60,
+                              '/ready naming br-int')
+    assert status == 503 and json.loads(body)['bridges_missing'] == ['br-int']
+    assert node.http_get(8091, '/alive')[0] == 200
+    _add_bridge(node, 'br-int')
+    node.wait_ready()                               # READY=1 follows the bridge
+    assert node.http_get(8091, '/ready')[0] == 200
+    testhost.ip('-n', node.ns, 'link', 'del', 'br-int')
+    status, body = node.http_get(8091, '/ready')
+    assert status == 503 and json.loads(body)['problems'] == ['bridge br-int missing']
+
+
+def _probe(node, path, problem):
+    """(status, body) of ``path`` once its problems name ``problem``, else None."""
+    try:
+        status, body = node.http_get(8091, path)
+    except OSError:                                 # not listening yet
+        return None
+    return (status, body) if problem in json.loads(body).get('problems', []) else None
+
+
+def test_an_https_api_root_without_token_file_is_refused_at_start(node):
+    """kuryr-kubernetes read the service account's token then: here there is none."""
+    upstream = _kuryr_conf(node, options={('kubernetes', 'token_file'): None},
+                           API_ROOT=node.api.url.replace('http://', 'https://'))
+    proc = node.start_daemon(config_files=[helpers.node_config(node, api=False),
+                                           str(upstream)], wait=False)
+    assert proc.wait(60) == 2
+    stderr = pathlib.Path(node.workdir, 'daemon.stderr').read_text().splitlines()
+    assert stderr == ['kuryr-cni-daemon: configuration error: %s: [kubernetes] api_root: is '
+                      'set with neither token_file nor client_cert_file, and no service '
+                      "account token /var/run/secrets/kubernetes.io/serviceaccount/token "
+                      "(kuryr-kubernetes' default token_file): its requests would be "
+                      'unauthenticated; set token_file (token_file = "" sends none)'
+                      % upstream]
+    assert not node.api.requests()
+    assert not os.path.exists(node.socket)

@@ -37,6 +37,8 @@ def test_its_names_for_ours_are_read(tmp_path):
     assert conf.kubernetes.ca_file == str(tmp_path / 'ca.crt')    # ssl_ca_crt_file
     assert conf.kubernetes.verify_server_cert is True             # ssl_verify_server_crt
     assert conf.binding.link_iface == ''                          # "unset", upstream's way
+    assert conf.binding.required_bridges == ['br-int']      # [neutron_defaults] ovs_bridge
+    assert conf.binding.network_device_mtu == 1442          # [neutron_defaults], the same name
     assert conf.cni_daemon.vif_source == 'kuryrport'
 
 
@@ -71,6 +73,8 @@ def test_what_it_holds_for_others_is_ignored_once_each_saying_why(tmp_path):
         '[cni_health_server] port is read as [health] port',
         '[kubernetes] ssl_ca_crt_file is read as [kubernetes] ca_file',
         '[kubernetes] ssl_verify_server_crt is read as [kubernetes] verify_server_cert',
+        '[neutron_defaults] network_device_mtu is read as [binding] network_device_mtu',
+        '[neutron_defaults] ovs_bridge is read as [binding] required_bridges',
         '[prometheus_exporter] cni_exporter_port is read as [prometheus] port',
     ]
 
