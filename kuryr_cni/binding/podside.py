@@ -15,12 +15,15 @@ import errno
 import ipaddress
 import socket
 
+from oslo_log import log as logging
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP
 
 from kuryr_cni import netns
 from kuryr_cni import rtnl
 from kuryr_cni.binding import owner_tag
+
+LOG = logging.getLogger(__name__)
 
 LOOPBACK_INDEX = 1              # lo is always ifindex 1 in a network namespace
 RT_TABLE_MAIN = rtnl.RT_TABLE_MAIN
@@ -56,13 +59,23 @@ def configure(pod, index, vif, plug, ipv6_link_local='with-ipv6'):
     requests.append(rtnl.set_link(LOOPBACK_INDEX, 'bring up lo in %s' % plug.netns, up=True))
     requests += [rtnl.add_address(index, cidr, 'add address %s to %s' % (cidr, where))
                  for cidr in vif.ips]
-    requests += [rtnl.add_route(index, dst, gw, 'add route %s via %s to %s'
-                                % (dst, gw or 'link', where))
-                 for dst, gw in wanted_routes(vif, plug)]
+    routes = [(dst, gw, rtnl.add_route(index, dst, gw, 'add route %s via %s to %s'
+                                       % (dst, gw or 'link', where)))
+              for dst, gw in wanted_routes(vif, plug)]
+    requests += [request for _, _, request in routes]
     pod.send(requests)
     if no_ipv6 and rtnl.is_unsupported_family(requests[0].error):
         # A kernel without IPv6 has nothing to turn off; the tag is still wanted.
         requests[0:1] = pod.send([rtnl.set_link(index, 'tag %s' % where, alias=alias)])
+    for dst, gw, request in routes:
+        if dst.prefixlen == 0 and getattr(request.error, 'code', None) == errno.EEXIST:
+            # Another plugin's, there first: under Multus the cluster network's
+            # delegate runs before every other and owns the default route (its
+            # default-route selection moves it afterwards itself). kuryr-daemon
+            # kept it too (Launchpad bug 1852382).
+            LOG.info('%s: the pod has a default route already: kept, the one via %s '
+                     'not added', where, gw)
+            request.error = None
     netns.check_answers(requests)
 
 
@@ -107,16 +120,21 @@ def check(pod, vif, plug):
     for cidr in vif.ips:
         if ipaddress.ip_interface(cidr) not in have:
             problems.append('%s lacks address %s' % (plug.ifname, cidr))
-    routes = set()
+    routes, defaults_elsewhere = set(), set()
     for route in pod.route('dump'):
-        if route.get('oif') != index or route.get('table') != RT_TABLE_MAIN:
+        if route.get('table') != RT_TABLE_MAIN:
             continue
         dst = route.get('dst') or ('0.0.0.0' if route['family'] == socket.AF_INET else '::')
         dst = ipaddress.ip_network('%s/%d' % (dst, route['dst_len']))
+        if route.get('oif') != index:
+            if not dst.prefixlen:
+                defaults_elsewhere.add(dst)
+            continue
         gw = route.get('gateway')
         routes.add((dst, None if gw is None else ipaddress.ip_address(gw)))
     for dst, gw in wanted_routes(vif, plug):
-        if (dst, gw) not in routes:
+        # A default route another plugin had set is kept in its place (configure).
+        if (dst, gw) not in routes and dst not in defaults_elsewhere:
             problems.append('%s lacks route %s via %s' % (plug.ifname, dst, gw or 'link'))
     return problems
 

@@ -6,6 +6,7 @@ and pods in throwaway namespaces, and asserts what ``ip`` shows there.
 
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import shutil
 import socket
@@ -250,13 +251,39 @@ def test_connect_never_takes_over_a_foreign_device(host_ns, pod_ns, driver):
     assert host_ns.links()[name]['ifalias'] == owner_tag.alias('someone-else', 'eth0')
 
 
-def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
-    """A default route already in the pod makes the last step fail."""
+def test_a_default_route_already_in_the_pod_is_kept(host_ns, pod_ns, driver, caplog):
+    """Multus runs the cluster network's delegate first, and it owns the default route.
+
+    Before: code 101 (EEXIST), so kuryr-cni as a secondary network failed every
+    ADD; kuryr-daemon kept the existing route (Launchpad bug 1852382), as does
+    this daemon now. The family without one still gets the VIF's.
+    """
     pod = pod_ns()
     pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
     pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
     pod.ip('link', 'set', 'other0', 'up')
     pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    plug = pod.plug()
+    with caplog.at_level(logging.INFO, logger='kuryr_cni.binding.podside'):
+        driver.connect(make_vif(), plug)
+    routes = pod.routes()
+    assert ('default', '10.77.0.1', 'other0') in routes
+    assert ('default', GATEWAY4, 'eth0') not in routes
+    assert ('default', GATEWAY6, 'eth0') in routes
+    assert ('192.168.0.0/16', '10.99.0.254', 'eth0') in routes
+    driver.check(make_vif(), plug)              # what CHECK expects of a kept route
+    assert [r.getMessage() for r in caplog.records if 'default route' in r.getMessage()] == [
+        'eth0 in %s: the pod has a default route already: kept, the one via %s not added'
+        % (plug.netns, GATEWAY4)]
+
+
+def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
+    """A route to one of the VIF's networks already in the pod makes the last step fail."""
+    pod = pod_ns()
+    pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
+    pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
+    pod.ip('link', 'set', 'other0', 'up')
+    pod.ip('route', 'add', '192.168.0.0/16', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
     plug = pod.plug()
 
     with pytest.raises(errors.BindingFailed) as exc:
@@ -265,7 +292,7 @@ def test_failed_connect_leaves_nothing_behind(host_ns, pod_ns, driver):
     assert exc.value.code == 101 and 'File exists' in exc.value.details
     assert host_device(host_ns, plug) is None
     assert 'eth0' not in pod.links()
-    assert ('default', '10.77.0.1', 'other0') in pod.routes()
+    assert ('192.168.0.0/16', '10.77.0.1', 'other0') in pod.routes()
 
 
 def test_connect_refuses_a_missing_bridge_and_creates_nothing(netns_factory, pod_ns):

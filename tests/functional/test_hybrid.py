@@ -223,13 +223,13 @@ def test_an_untagged_pair_in_its_own_tagged_qbr_is_replaced(
 
 
 def test_failed_connect_leaves_nothing(node, pod_ns, switch, driver):  # noqa: F811
-    """A default route already in the pod makes the last step fail."""
+    """A route to one of the VIF's networks already in the pod makes the last step fail."""
     pod = pod_ns()
     pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
     pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
     pod.ip('link', 'set', 'other0', 'up')
-    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
-    vif = make_vif()
+    pod.ip('route', 'add', '192.168.0.0/16', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    vif = make_vif(routes=[{'dst': '192.168.0.0/16', 'gw': '10.88.0.254'}])
 
     with pytest.raises(errors.BindingFailed, match='add route'):
         driver.connect(vif, pod.plug())

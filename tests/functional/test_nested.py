@@ -344,12 +344,12 @@ def test_a_node_with_only_loopback_has_no_default_parent(netns_factory, pod_ns, 
 
 
 def test_failed_connect_leaves_nothing_behind(pod_ns, driver, kind):
-    """A default route already in the pod makes the last step fail."""
+    """A route to one of the VIF's networks already in the pod makes the last step fail."""
     pod = pod_ns()
     pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
     pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
     pod.ip('link', 'set', 'other0', 'up')
-    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    pod.ip('route', 'add', '192.168.0.0/16', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
 
     with pytest.raises(errors.BindingFailed) as exc:
         driver.connect(make_vif(kind), pod.plug())

@@ -154,12 +154,12 @@ def test_connect_never_takes_over_a_foreign_row(node, pod_ns, switch, driver):
 
 
 def test_failed_connect_leaves_no_device_and_no_row(node, pod_ns, switch, driver):
-    """A default route already in the pod makes the last step fail."""
+    """A route to one of the VIF's networks already in the pod makes the last step fail."""
     pod = pod_ns()
     pod.ip('link', 'add', 'other0', 'type', 'veth', 'peer', 'name', 'other1')
     pod.ip('addr', 'add', '10.77.0.2/24', 'dev', 'other0')
     pod.ip('link', 'set', 'other0', 'up')
-    pod.ip('route', 'add', 'default', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
+    pod.ip('route', 'add', '192.168.0.0/16', 'via', '10.77.0.1', 'dev', 'other0', 'onlink')
     with pytest.raises(errors.BindingFailed, match='add route'):
         driver.connect(make_vif(), pod.plug())
     assert switch.ports(BRIDGE) == set()
