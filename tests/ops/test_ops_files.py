@@ -116,6 +116,16 @@ def test_unit_directories_are_the_daemons_defaults():
 DROP_CAPS = {'CAP_SETUID', 'CAP_SETGID', 'CAP_SETPCAP', 'CAP_CHOWN'}
 
 
+def test_unit_bounds_memory_as_the_daemonset_does():
+    """operations.rst says MemoryMax= bounds the daemon's memory: the unit must set it."""
+    with open(REPO / 'etc' / 'kubernetes' / 'kuryr-cni-daemonset.yaml') as f:
+        [daemonset] = [d for d in yaml.safe_load_all(f) if d and d['kind'] == 'DaemonSet']
+    [container] = [c for c in daemonset['spec']['template']['spec']['containers']
+                   if c['name'] == 'kuryr-cni-daemon']
+    assert container['resources']['limits']['memory'] == '512Mi'
+    assert _one('MemoryMax') == '512M'
+
+
 def test_unit_capabilities_allow_netlink_setns_and_the_drop_of_root_only():
     caps = {cap for line in SERVICE['CapabilityBoundingSet'] for cap in line.split()}
     assert {'CAP_NET_ADMIN', 'CAP_SYS_ADMIN'} | DROP_CAPS <= caps
