@@ -281,3 +281,12 @@ def test_use_events_false_means_no_events(tmp_path, use_events, posted):
     conf, notes = _loaded(path)
     assert (worker.build_event_poster(conf) is not None) is posted
     assert not [n for n in notes if '] use_events' in n.message]
+
+
+def test_ssl_verify_server_crt_unset_verifies_here(tmp_path):
+    """kuryr-kubernetes' default was false (no verification); kuryr-cni's is true."""
+    path = fixtures.kuryr_kubernetes_conf(
+        tmp_path, options={('kubernetes', 'ssl_verify_server_crt'): None})
+    conf, notes = _loaded(path)
+    assert conf.kubernetes.verify_server_cert is True
+    assert not [n for n in notes if 'not verified' in n.message]
