@@ -375,10 +375,10 @@ def _api_credentials_notes(k8s, where):
                           '%s carry the service account\'s token %s, as kuryr-kubernetes\' '
                           'did' % (k8s.api_root, token)))
     elif not token and not k8s.client_cert_file:
+        default_token = os.path.join(SERVICE_ACCOUNT_DIR, 'token')
         why = ('no token_file (it is empty)' if k8s.token_file == '' else
                'neither token_file nor client_cert_file, and no service account token %s '
-               '(kuryr-kubernetes\' default token_file)' % os.path.join(SERVICE_ACCOUNT_DIR,
-                                                                       'token'))
+               '(kuryr-kubernetes\' default token_file)' % default_token)
         if https and k8s.token_file is None:
             raise ConfigError(_line(where, 'kubernetes', 'api_root', 'is set with %s: its '
                                     'requests would be unauthenticated; set token_file '
