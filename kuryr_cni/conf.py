@@ -501,6 +501,8 @@ def _check_names(conf):
                         read_as = 'read as [%s] %s' % ours
                         if (group, name) not in _MEANING_DIFFERS:
                             notes.append(Note(logging.INFO, '%s is %s' % (spelled, read_as)))
+                        if where.get(ours) == '%s: [%s] %s' % (path, ours[0], ours[1]):
+                            continue    # our name in the same file wins, as oslo.config reads it
                         spelled += ' (%s)' % read_as
                         spelled_upstream[ours] = (group, name)
                     else:

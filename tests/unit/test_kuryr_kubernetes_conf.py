@@ -260,6 +260,15 @@ def test_worker_count_under_our_name_is_taken_as_it_is(tmp_path):
     assert not [n for n in notes if 'worker_num' in n.message]
 
 
+def test_worker_count_beside_worker_num_in_one_file_wins_whatever_the_order(tmp_path):
+    for lines in (('worker_count = 8', 'worker_num = 30'), ('worker_num = 30', 'worker_count = 8')):
+        path = tmp_path / 'kuryr.conf'
+        path.write_text('[cni_daemon]\n%s\n' % '\n'.join(lines))
+        conf, notes = _loaded(path)
+        assert conf.cni_daemon.worker_count == 8
+        assert not [n for n in notes if 'worker_num =' in n.message]
+
+
 def test_a_vif_annotation_timeout_past_the_request_timeout_is_warned_about(tmp_path):
     """OpenShift's 200 s: the request's own deadline (100 s) ends the ADD first."""
     path = fixtures.kuryr_kubernetes_conf(
