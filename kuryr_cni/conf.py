@@ -135,6 +135,13 @@ binding_opts = [
                      'code 7) before anything is changed. The daemon never creates '
                      'these bridges (only the per-port qbr bridge of an ovs-hybrid '
                      'VIF, created and removed with its port); they must exist.'),
+    cfg.BoolOpt('adopt', default=True,
+                help='Take over the pods kuryr-daemon plugged on this node: devices '
+                     'proven a pod\'s VIF (its OVS row with the VIF\'s iface-id and '
+                     'attached-mac, its pod end with the VIF\'s MAC) are recorded as '
+                     'their sandbox\'s binding, so its DEL removes them and a new '
+                     'sandbox evicts them. Off, they are left as they are, and are '
+                     'leftovers to remove by hand once their pods are gone.'),
     cfg.ListOpt('parents', default=[],
                 help='Parent interfaces a vlan or macvlan VIF may name besides '
                      'link_iface, as names or shell patterns. A VIF naming any '

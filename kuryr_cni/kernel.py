@@ -14,8 +14,10 @@ request left unanswered.
 """
 
 from kuryr_cni import binding as drivers
+from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni import podview
+from kuryr_cni.binding import foreign
 from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
 from kuryr_cni.binding import policy
@@ -66,10 +68,42 @@ class Kernel:
         self._driver(vif.kind).connect(vif, plug)
 
     def disconnect(self, kind, plug):
-        self._driver(kind).disconnect(plug)
+        if plug.adopted is not None:
+            self._foreign().release(plug.adopted, plug)
+        else:
+            self._driver(kind).disconnect(plug)
 
     def check(self, vif, plug):
-        self._driver(vif.kind).check(vif, plug)
+        if plug.adopted is not None:
+            self._foreign().check(vif, plug)
+        else:
+            self._driver(vif.kind).check(vif, plug)
+
+    # Devices another CNI daemon made (kuryr_cni.binding.foreign) ---------------------
+
+    def find_foreign(self, vif, netns_paths=()):
+        """Findings of kuryr-daemon's devices for ``vif``, the pod end looked for in
+        ``netns_paths`` (those that no longer exist are skipped)."""
+        views = {}
+        for path in netns_paths:
+            try:
+                views[path] = foreign.dump(path, host=self.host_netns)
+            except errors.InvalidEnvironment:
+                continue        # gone meanwhile, or no namespace
+        return self._foreign().probe(vif, views)
+
+    def foreign_iface_ids(self):
+        """The ``iface-id`` of every OVS row we did not tag."""
+        return self._foreign().foreign_iface_ids()
+
+    def tag_foreign(self, finding, container_id, ifname):
+        self._foreign().tag(finding, container_id, ifname)
+
+    def discard_foreign(self, finding):
+        self._foreign().discard(finding)
+
+    def _foreign(self):
+        return foreign.Finder(self.host_netns, self.binding_options)
 
     # Host devices known by their owner tag alone ------------------------------------
 

@@ -1,0 +1,203 @@
+"""Taking over the pods kuryr-daemon plugged, with proof (issue 33 item 1).
+
+A node switched from kuryr-daemon keeps its running pods, plugged with
+kuryr-daemon's devices (:mod:`kuryr_cni.binding.foreign`), which no binding
+records. They are adopted into bindings, so the rules of DESIGN §3 hold for
+them as for our own: the owner's DEL removes everything, a stale DEL nothing,
+a new sandbox evicts them. Three moments, each under the pod's lock:
+
+* **the DEL of a sandbox of a pod without binding** (:meth:`Adopter.adopt_for_delete`):
+  devices proven the pod's VIF whose pod end lives in the DEL's ``CNI_NETNS``
+  are that sandbox's, the runtime says so: they are recorded as its binding,
+  tagged, and the DEL then removes them as the owner's. Proven devices
+  without a pod end any more (the namespace went with the veth; the OVS row,
+  the hybrid ``qbr/qvb/qvo`` stayed) are removed. Devices whose pod end
+  lives in another namespace are another sandbox's: left alone, a stale DEL.
+* **the ADD of a new sandbox** (:meth:`Adopter.evict_foreign`): proven OVS
+  devices of the pod's VIFs go before it plugs, so no ``iface-id`` is ever on
+  two ports, as our own older sandboxes are evicted.
+* **start-up, once the watcher has the pods' VIFs** (:meth:`Adopter.scan`, run
+  once by housekeeping): every pod of the node without binding is looked for
+  in every namespace; proven devices whose namespace's sandbox is identified
+  (:mod:`kuryr_cni.sandboxes`) are adopted under that container ID and that
+  namespace. That the sandbox is identified is what makes this safe ahead of
+  any request: its CHECK, its DEL and a stale DEL are then judged by the
+  record. One not identified is left to the DEL path above.
+
+Nothing is adopted on a VIF's word: a device is taken only with the proofs
+of :mod:`kuryr_cni.binding.foreign`. Every finding is counted
+(``kuryr_cni_adoptions_total{result, reason}``), logged, and listed for
+``kuryr-cni-ctl adoptions``.
+"""
+
+import time
+
+from oslo_log import log as logging
+
+from kuryr_cni import errors
+from kuryr_cni import metrics
+from kuryr_cni import ownership as rules
+from kuryr_cni import records
+from kuryr_cni import sandboxes
+from kuryr_cni.binding import foreign
+
+LOG = logging.getLogger(__name__)
+
+ADOPTED, LEFT, REMOVED = 'adopted', 'left', 'removed'
+SCAN_LOCK_TIMEOUT = 5       # seconds to wait for one pod's lock during the start-up scan
+NETWORK = 'kuryr'           # the attachment's network name kuryr's CNI config uses
+
+
+class Adopter:
+    """Finds and adopts kuryr-daemon's devices; ``kernel`` is :class:`kuryr_cni.kernel.Kernel`."""
+
+    def __init__(self, kernel, registry, netns_dirs=sandboxes.NETNS_DIRS):
+        self.kernel = kernel
+        self.registry = registry
+        self.netns_dirs = netns_dirs
+
+    # The DEL of a sandbox of a pod without binding ---------------------------
+
+    def adopt_for_delete(self, req, save):
+        """Adopt what kuryr-daemon made for ``req``'s sandbox; returns the binding
+        (persisted by ``save``) or None when nothing of it was found."""
+        interfaces = self._interfaces(req.pod, req.ifname)
+        paths = [req.netns] if req.netns else []
+        adopted = []
+        for interface in interfaces:
+            for finding in self.kernel.find_foreign(interface.vif, paths):
+                if finding.proven and finding.where == foreign.HERE:
+                    adopted.append((interface, finding))
+                elif finding.proven and finding.where == foreign.ORPHAN:
+                    self.kernel.discard_foreign(finding)
+                    self._note(REMOVED, 'orphan', req.pod.key, req.container_id, finding)
+                else:
+                    self._note(LEFT, finding.reason or 'other_sandbox', req.pod.key,
+                               req.container_id, finding)
+        if not adopted:
+            return None
+        return self._adopt(req.pod.key, req.pod.uid, req.container_id, req.netns,
+                           req.network, adopted, save)
+
+    # The ADD of a new sandbox ------------------------------------------------------
+
+    def evict_foreign(self, req, vifs):
+        """Remove the proven OVS devices of ``vifs`` not adopted: the new sandbox
+        takes the port. Nested devices are evicted only once adopted (their
+        namespace is unknown until then)."""
+        for vif in vifs.values():
+            if vif.kind not in ('ovs', 'ovs-hybrid'):
+                continue
+            for finding in self.kernel.find_foreign(vif):
+                if finding.proven:
+                    LOG.info('Pod %s: sandbox %s evicts what kuryr-daemon plugged: %s',
+                             req.pod.key, req.container_id, finding.describe())
+                    self.kernel.discard_foreign(finding)
+                    self._note(REMOVED, 'evicted', req.pod.key, req.container_id, finding)
+                else:
+                    self._note(LEFT, finding.reason, req.pod.key, req.container_id, finding)
+
+    # Start-up ----------------------------------------------------------------
+
+    def scan(self, ownership):
+        """Adopt every identified sandbox's devices of every pod without binding;
+        returns ``(adopted, left)`` counts."""
+        pods = self.registry.pods.snapshot()
+        iface_ids = self.kernel.foreign_iface_ids()
+        wanted = {}
+        for key, record in sorted(pods.items()):
+            vifs = _vifs(record)
+            if vifs and any(v.kind in foreign.NESTED_KINDS or v.port_id in iface_ids
+                            for v in vifs.values()):
+                wanted[key] = (record, vifs)
+        if not wanted:
+            return 0, 0
+        spaces = sandboxes.namespaces(exclude=self._host_paths(), netns_dirs=self.netns_dirs)
+        paths = {space.path: space for space in spaces.values()}
+        counts = [0, 0]
+        for key, (record, vifs) in wanted.items():
+            try:
+                with ownership.locks.hold(key, time.monotonic() + SCAN_LOCK_TIMEOUT):
+                    if ownership.store.load(key) is None:
+                        self._scan_pod(ownership, key, record, vifs, paths, counts)
+            except (errors.TryAgainLater, errors.UnreadableState) as exc:
+                LOG.info('Adoption scan skips pod %s: %s', key, exc.msg)
+            except errors.CNIError as exc:
+                LOG.warning('Adoption scan of pod %s failed: %s %s', key, exc.msg, exc.details)
+        LOG.info('Adoption scan: adopted %d devices of kuryr-daemon, left %d alone', *counts)
+        return tuple(counts)
+
+    def _scan_pod(self, ownership, key, record, vifs, paths, counts):
+        interfaces = rules.pod_interfaces(vifs, rules.PRIMARY_IFNAME)
+        by_sandbox = {}
+        for interface in interfaces:
+            for finding in self.kernel.find_foreign(interface.vif, list(paths)):
+                cid = None
+                if finding.proven and finding.where == foreign.HERE:
+                    cid = sandboxes.sandbox_of(paths[finding.netns], record.get('uid'))
+                if cid is None:
+                    reason = finding.reason or ('sandbox_unknown'
+                                                if finding.where == foreign.HERE
+                                                else finding.where)
+                    self._note(LEFT, reason, key, None, finding)
+                    counts[1] += 1
+                    continue
+                by_sandbox.setdefault((cid, finding.netns), []).append((interface, finding))
+        for (cid, path), adopted in by_sandbox.items():
+            # The runtime's bind mount of the namespace, which its requests name.
+            self._adopt(key, record.get('uid'), cid, path, NETWORK, adopted, ownership._save)
+            counts[0] += len(adopted)
+
+    def _host_paths(self):
+        return [path for path in ('/proc/self/ns/net', self.kernel.host_netns) if path]
+
+    # Shared ---------------------------------------------------------------------
+
+    def _adopt(self, pod_key, uid, cid, netns, network, adopted, save):
+        """Record, then tag, ``adopted`` [(interface, finding)] as ``cid``'s attachment."""
+        interfaces = []
+        for interface, finding in adopted:
+            interfaces.append(records.Interface(
+                finding.pod_ifname or interface.ifname, interface.vif,
+                interface.default_route,
+                records.Adopted(foreign.SOURCE, finding.devices, finding.ovs_port)))
+        ifname = interfaces[0].ifname
+        attachment = records.Attachment(network, ifname, interfaces, state=records.READY,
+                                        added_at=time.time())
+        sandbox = records.Sandbox(cid, netns, uid, {attachment.key: attachment})
+        binding = records.Binding(pod_key, owner=cid, uid=uid, sandboxes={cid: sandbox})
+        save(binding)       # durable before any device changes: the record names them all
+        for interface, (_, finding) in zip(interfaces, adopted):
+            self.kernel.tag_foreign(finding, cid, interface.ifname)
+            self._note(ADOPTED, 'proven', pod_key, cid, finding)
+        LOG.info('Pod %s: adopted sandbox %s in %s from kuryr-daemon: %s', pod_key, cid, netns,
+                 '; '.join(f.describe() for _, f in adopted))
+        return binding
+
+    def _interfaces(self, pod, cni_ifname):
+        """The pod's interfaces from the watcher's record, if it is this incarnation's."""
+        record = self.registry.pods.get(pod.key)
+        if not record or (pod.uid and record.get('uid') not in (None, pod.uid)):
+            return []
+        vifs = _vifs(record)
+        return rules.pod_interfaces(vifs, cni_ifname) if vifs else []
+
+    def _note(self, result, reason, pod_key, cid, finding):
+        metrics.adoption(result, reason)
+        entry = {'time': time.time(), 'pod': pod_key, 'container_id': cid,
+                 'result': result, 'reason': reason, 'kind': finding.kind,
+                 'port_id': finding.port_id, 'devices': finding.describe(),
+                 'netns': finding.netns, 'detail': finding.detail}
+        if result == LEFT:
+            LOG.warning('Pod %s: left alone devices of port %s (%s): %s %s', pod_key,
+                        finding.port_id, finding.describe(), reason, finding.detail)
+        log = getattr(self.registry, 'adoptions', None)
+        if log is not None:
+            log.record(entry)
+
+
+def _vifs(record):
+    try:
+        return rules.published_vifs(record or {})
+    except errors.CNIError:
+        return None
