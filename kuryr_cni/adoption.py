@@ -72,7 +72,7 @@ class Adopter:
                     self.kernel.discard_foreign(finding)
                     self._note(REMOVED, 'orphan', req.pod.key, req.container_id, finding)
                 else:
-                    self._note(LEFT, finding.reason or 'other_sandbox', req.pod.key,
+                    self._note(LEFT, finding.reason or _unproven_where(finding), req.pod.key,
                                req.container_id, finding)
         if not adopted:
             return None
@@ -113,13 +113,15 @@ class Adopter:
         if not wanted:
             return 0, 0
         spaces = sandboxes.namespaces(exclude=self._host_paths(), netns_dirs=self.netns_dirs)
-        paths = {space.path: space for space in spaces.values()}
+        # {path: {pod UID: sandbox container ID}}: one read of each process's cgroup.
+        owners = {space.path: sandboxes.sandboxes_in(space) for space in spaces.values()}
+        views = self.kernel.link_views(owners)      # one dump of each namespace
         counts = [0, 0]
         for key, (record, vifs) in wanted.items():
             try:
                 with ownership.locks.hold(key, time.monotonic() + SCAN_LOCK_TIMEOUT):
                     if ownership.store.load(key) is None:
-                        self._scan_pod(ownership, key, record, vifs, paths, counts)
+                        self._scan_pod(ownership, key, record, vifs, owners, views, counts)
             except (errors.TryAgainLater, errors.UnreadableState) as exc:
                 LOG.info('Adoption scan skips pod %s: %s', key, exc.msg)
             except errors.CNIError as exc:
@@ -127,25 +129,28 @@ class Adopter:
         LOG.info('Adoption scan: adopted %d devices of kuryr-daemon, left %d alone', *counts)
         return tuple(counts)
 
-    def _scan_pod(self, ownership, key, record, vifs, paths, counts):
-        interfaces = rules.pod_interfaces(vifs, rules.PRIMARY_IFNAME)
+    def _scan_pod(self, ownership, key, record, vifs, owners, views, counts):
+        """Adopt the devices of one pod: a veth's pod end is found in any namespace
+        (its peer index proves it); a nested device only in a namespace whose
+        processes name this pod, which is then the pod's (others hold other pods)."""
+        uid = record.get('uid')
+        own = [path for path, pods in owners.items() if uid and uid in pods]
         by_sandbox = {}
-        for interface in interfaces:
-            for finding in self.kernel.find_foreign(interface.vif, list(paths)):
+        for interface in rules.pod_interfaces(vifs, rules.PRIMARY_IFNAME):
+            nested = interface.vif.kind in foreign.NESTED_KINDS
+            looked = {path: views[path] for path in (own if nested else views) if path in views}
+            for finding in self.kernel.find_foreign(interface.vif, views=looked):
                 cid = None
                 if finding.proven and finding.where == foreign.HERE:
-                    cid = sandboxes.sandbox_of(paths[finding.netns], record.get('uid'))
+                    cid = owners[finding.netns].get(uid) if uid else None
                 if cid is None:
-                    reason = finding.reason or ('sandbox_unknown'
-                                                if finding.where == foreign.HERE
-                                                else finding.where)
-                    self._note(LEFT, reason, key, None, finding)
+                    self._note(LEFT, finding.reason or _unproven_where(finding), key, None,
+                               finding)
                     counts[1] += 1
                     continue
                 by_sandbox.setdefault((cid, finding.netns), []).append((interface, finding))
         for (cid, path), adopted in by_sandbox.items():
-            # The runtime's bind mount of the namespace, which its requests name.
-            self._adopt(key, record.get('uid'), cid, path, NETWORK, adopted, ownership._save)
+            self._adopt(key, uid, cid, path, NETWORK, adopted, ownership._save)
             counts[0] += len(adopted)
 
     def _host_paths(self):
@@ -194,6 +199,13 @@ class Adopter:
         log = getattr(self.registry, 'adoptions', None)
         if log is not None:
             log.record(entry)
+
+
+def _unproven_where(finding):
+    """Why proven devices are not adopted: their pod end is in another namespace
+    (another sandbox's), in one whose sandbox is not identified, or gone."""
+    return {foreign.HERE: 'sandbox_unknown', foreign.ORPHAN: 'orphan'}.get(
+        finding.where, 'pod_end_elsewhere')
 
 
 def _vifs(record):

@@ -81,16 +81,23 @@ class Kernel:
 
     # Devices another CNI daemon made (kuryr_cni.binding.foreign) ---------------------
 
-    def find_foreign(self, vif, netns_paths=()):
+    def find_foreign(self, vif, netns_paths=(), views=None):
         """Findings of kuryr-daemon's devices for ``vif``, the pod end looked for in
-        ``netns_paths`` (those that no longer exist are skipped)."""
+        ``netns_paths`` (those no longer there are skipped) or in ``views``, what
+        :meth:`link_views` read of them."""
+        if views is None:
+            views = self.link_views(netns_paths)
+        return self._foreign().probe(vif, views)
+
+    def link_views(self, netns_paths):
+        """``{path: links}`` of each namespace still there, one netlink dump each."""
         views = {}
         for path in netns_paths:
             try:
                 views[path] = foreign.dump(path, host=self.host_netns)
             except errors.InvalidEnvironment:
                 continue        # gone meanwhile, or no namespace
-        return self._foreign().probe(vif, views)
+        return views
 
     def foreign_iface_ids(self):
         """The ``iface-id`` of every OVS row we did not tag."""

@@ -30,6 +30,7 @@ import re
 NETNS_DIRS = ('/run/netns', '/var/run/netns')
 MAX_PROCESSES = 100000       # bounds a scan of /proc
 _ID = r'([0-9a-f]{64})'
+_POD = re.compile(r'pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})')
 _SANDBOX = re.compile(r'(?:cri-containerd-|crio-|docker-)?' + _ID + r'(?:\.scope)?\Z')
 
 
@@ -70,33 +71,36 @@ def namespaces(exclude=(), netns_dirs=NETNS_DIRS, proc='/proc'):
     return found
 
 
-def sandbox_of(namespace, pod_uid, proc='/proc'):
-    """The container ID of pod ``pod_uid``'s sandbox whose namespace this is, or None."""
-    if not pod_uid:
-        return None
-    candidates = []
+def sandboxes_in(namespace, proc='/proc'):
+    """``{pod UID: container ID}`` of the sandboxes whose processes are in ``namespace``.
+
+    Per pod, the pause process's sandbox (``comm`` is ``pause``) is preferred,
+    else the one started first.
+    """
+    candidates = {}
     for pid in namespace.pids:
-        found = _sandbox_in_cgroup(_read('%s/%d/cgroup' % (proc, pid)), pod_uid)
+        found = _sandbox_in_cgroup(_read('%s/%d/cgroup' % (proc, pid)))
         if found is None:
             continue
+        uid, cid = found
         comm = _read('%s/%d/comm' % (proc, pid)).strip()
-        candidates.append((comm != 'pause', _start_time(proc, pid), found))
-    return min(candidates)[2] if candidates else None
+        candidates.setdefault(uid, []).append((comm != 'pause', _start_time(proc, pid), cid))
+    return {uid: min(found)[2] for uid, found in candidates.items()}
 
 
-def _sandbox_in_cgroup(text, pod_uid):
-    """The container ID a cgroup file names under pod ``pod_uid``, or None."""
-    marks = ('pod' + pod_uid, 'pod' + pod_uid.replace('-', '_'))
+def _sandbox_in_cgroup(text):
+    """``(pod UID, container ID)`` a cgroup file names, or None."""
     for line in text.splitlines():
         parts = line.split(':', 2)
         if len(parts) != 3:
             continue
         components = [c for c in parts[2].split('/') if c]
-        if not components or not any(mark in c for c in components[:-1] for mark in marks):
+        if not components:
             continue
         match = _SANDBOX.match(components[-1])
-        if match:
-            return match.group(1)
+        pods = [m.group(1) for c in components[:-1] for m in [_POD.search(c)] if m]
+        if match and pods:
+            return pods[-1].replace('_', '-'), match.group(1)
     return None
 
 
