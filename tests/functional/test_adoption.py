@@ -327,8 +327,9 @@ def test_devices_without_proof_are_left_alone_and_reported(world, runtime):
     planted, pod_end = world.kuryr_daemons(), world.pod_end(a)['index']
     with sandbox_process(a, world.uid):
         world.start()
-        wait.until(lambda: any(e['reason'] == reason for e in adoptions(node)), 30,
-                   'the start-up scan to report the planted device')
+        found = wait.until(lambda: adoptions(node), 30, 'the start-up scan to report')
+        assert [e['result'] for e in found] == ['left'], 'taken without proof: %s' % found
+        assert found[0]['reason'] == reason, found
         assert runtime.delete(a).ok
         assert world.kuryr_daemons() == planted
         assert world.pod_end(a)['index'] == pod_end
