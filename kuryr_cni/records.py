@@ -27,8 +27,8 @@ this shape bumps :data:`FORMAT` (tests/unit/test_records.py pins each
 format's keys): a release reading a record it does not fully understand
 must know it, never drop or misread what it does not know. A record is
 written in the oldest format that holds it (1 unless a VIF has an
-integration bridge or a network ID, or an interface was adopted), so the releases before a format was added still read
-the records that do not need it.
+integration bridge or a network ID, or an interface was adopted), so the
+releases before a format was added still read the records that do not need it.
 
 A file read back is validated whole by :meth:`Binding.from_dict`, which
 raises :class:`RecordError` on anything that is not this shape, and
