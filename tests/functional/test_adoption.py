@@ -350,3 +350,26 @@ def _ctl_adoptions(node):
     out = io.StringIO()
     assert ctl.main(['adoptions', '--socket', node.socket], out=out) in (0, None)
     return out.getvalue()
+
+
+def test_an_adopted_sandbox_is_a_binding_across_restarts(world, runtime):
+    """Adopted at start-up, then the daemon restarts: a stale DEL is rejected as for
+    our own sandboxes, and the owner's DEL still removes everything."""
+    node = world.node
+    world.create_pod()
+    a, z = _hex_sandbox(world), world.sandbox('z')
+    world.plant(a)
+    with sandbox_process(a, world.uid):
+        world.start()
+        wait.until(lambda: [e for e in adoptions(node) if e['result'] == 'adopted'], 30,
+                   'the start-up adoption of %s' % a.container_id)
+        planted = world.kuryr_daemons()
+        node.stop_daemon()
+        world.start()
+        assert runtime.delete(z).ok
+        assert helpers.stale_dels(node)['container_id_mismatch'] == 1
+        assert world.kuryr_daemons() == planted and world.pings(a)
+        assert not adoptions(node), 'adopted again after the restart'
+        assert runtime.delete(a).ok
+    assert world.kuryr_daemons() == {} and world.pod_end(a) is None
+    assert helpers.leftovers(node) == helpers.NOTHING
