@@ -45,6 +45,10 @@ LOG = logging.getLogger(__name__)
 
 ADOPTED, LEFT, REMOVED = 'adopted', 'left', 'removed'
 SCAN_LOCK_TIMEOUT = 5       # seconds to wait for one pod's lock during the start-up scan
+# Seconds a worker trusts its list of the iface-ids on OVS rows we did not tag. While
+# this daemon runs no other CNI daemon plugs, so the list only shrinks: once empty it
+# stays empty, and an ADD pays no OVSDB look-up for kuryr-daemon's devices any more.
+FOREIGN_REFRESH = 60.0
 NETWORK = 'kuryr'           # the attachment's network name kuryr's CNI config uses
 
 
@@ -55,6 +59,7 @@ class Adopter:
         self.kernel = kernel
         self.registry = registry
         self.netns_dirs = netns_dirs
+        self._foreign_ids = None        # (time.monotonic(), set of iface-ids), per process
 
     # The DEL of a sandbox of a pod without binding ---------------------------
 
@@ -86,7 +91,7 @@ class Adopter:
         takes the port. Nested devices are evicted only once adopted (their
         namespace is unknown until then)."""
         for vif in vifs.values():
-            if vif.kind not in ('ovs', 'ovs-hybrid'):
+            if vif.kind not in ('ovs', 'ovs-hybrid') or not self._may_be_foreign(vif.port_id):
                 continue
             for finding in self.kernel.find_foreign(vif):
                 if finding.proven:
@@ -97,13 +102,23 @@ class Adopter:
                 else:
                     self._note(LEFT, finding.reason, req.pod.key, req.container_id, finding)
 
+    def _may_be_foreign(self, port_id):
+        """Whether an OVS row we did not tag may carry ``port_id`` (see FOREIGN_REFRESH)."""
+        cached = self._foreign_ids
+        if cached is None or (cached[1] and time.monotonic() - cached[0] > FOREIGN_REFRESH):
+            ids = self.kernel.foreign_iface_ids()
+            if ids is None:
+                return True         # OVSDB unreachable: look (the ADD's plug fails anyway)
+            cached = self._foreign_ids = (time.monotonic(), ids)
+        return port_id in cached[1]
+
     # Start-up ----------------------------------------------------------------
 
     def scan(self, ownership):
         """Adopt every identified sandbox's devices of every pod without binding;
         returns ``(adopted, left)`` counts."""
         pods = self.registry.pods.snapshot()
-        iface_ids = self.kernel.foreign_iface_ids()
+        iface_ids = self.kernel.foreign_iface_ids() or set()    # None: no OVS to look at
         wanted = {}
         for key, record in sorted(pods.items()):
             vifs = _vifs(record)

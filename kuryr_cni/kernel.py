@@ -100,8 +100,12 @@ class Kernel:
         return views
 
     def foreign_iface_ids(self):
-        """The ``iface-id`` of every OVS row we did not tag."""
-        return self._foreign().foreign_iface_ids()
+        """The ``iface-id`` of every OVS row we did not tag; None when OVSDB cannot
+        be reached (a node without Open vSwitch, or it is down)."""
+        try:
+            return self._foreign().foreign_iface_ids()
+        except (errors.TryAgainLater, errors.InvalidConfig):
+            return None
 
     def tag_foreign(self, finding, container_id, ifname):
         self._foreign().tag(finding, container_id, ifname)

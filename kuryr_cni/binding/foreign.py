@@ -34,7 +34,6 @@ from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni import vif as vif_model
 from kuryr_cni.binding import ovs
-from kuryr_cni.binding import ovsdb
 from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
 
@@ -108,14 +107,13 @@ class Finder:
         return [self._locate(vif, finding, views) for finding in self._host_side(vif)]
 
     def foreign_iface_ids(self):
-        """The ``iface-id`` of every OVS Interface row without our owner key; none
-        when OVSDB is not reachable (a node without Open vSwitch)."""
-        try:
-            rows = self._ovs.ovsdb.transact({'op': 'select', 'table': 'Interface', 'where': [],
-                                             'columns': ['external_ids']})[0]['rows']
-        except (ovsdb.Unavailable, errors.InvalidConfig) as exc:
-            LOG.info('No OVS ports looked at for adoption: %s', exc.msg)
-            return set()
+        """The ``iface-id`` of every OVS Interface row without our owner key.
+
+        Raises :class:`ovsdb.Unavailable` (code 11) when OVSDB cannot be
+        reached, :class:`errors.InvalidConfig` for a bad connection string.
+        """
+        rows = self._ovs.ovsdb.transact({'op': 'select', 'table': 'Interface', 'where': [],
+                                         'columns': ['external_ids']})[0]['rows']
         ids = (ovs._py_map(row['external_ids']) for row in rows)
         return {i['iface-id'] for i in ids if 'iface-id' in i and ovs.OWNER_KEY not in i}
 
