@@ -134,9 +134,12 @@ class Adopter:
         counts = [0, 0]
         for key, (record, vifs) in wanted.items():
             try:
-                with ownership.locks.hold(key, time.monotonic() + SCAN_LOCK_TIMEOUT):
+                with ownership.locks.hold(key, time.monotonic() + SCAN_LOCK_TIMEOUT) \
+                        as remove_lock:
                     if ownership.store.load(key) is None:
                         self._scan_pod(ownership, key, record, vifs, owners, views, counts)
+                    if ownership.store.load(key) is None:
+                        remove_lock()   # nothing adopted: the pod has no binding to lock
             except (errors.TryAgainLater, errors.UnreadableState) as exc:
                 LOG.info('Adoption scan skips pod %s: %s', key, exc.msg)
             except errors.CNIError as exc:
