@@ -70,6 +70,8 @@ class Adopter:
         paths = [req.netns] if req.netns else []
         adopted = []
         for interface in interfaces:
+            if not self._may_be_foreign(interface.vif):
+                continue
             for finding in self.kernel.find_foreign(interface.vif, paths):
                 if finding.proven and finding.where == foreign.HERE:
                     adopted.append((interface, finding))
@@ -91,7 +93,7 @@ class Adopter:
         takes the port. Nested devices are evicted only once adopted (their
         namespace is unknown until then)."""
         for vif in vifs.values():
-            if vif.kind not in ('ovs', 'ovs-hybrid') or not self._may_be_foreign(vif.port_id):
+            if vif.kind not in ('ovs', 'ovs-hybrid') or not self._may_be_foreign(vif):
                 continue
             for finding in self.kernel.find_foreign(vif):
                 if finding.proven:
@@ -102,15 +104,19 @@ class Adopter:
                 else:
                     self._note(LEFT, finding.reason, req.pod.key, req.container_id, finding)
 
-    def _may_be_foreign(self, port_id):
-        """Whether an OVS row we did not tag may carry ``port_id`` (see FOREIGN_REFRESH)."""
+    def _may_be_foreign(self, vif):
+        """Whether kuryr-daemon's devices of ``vif`` may exist: always for nested kinds
+        (in the pod's namespace, looked at anyway), for OVS kinds only while an OVS
+        row we did not tag carries its port (see FOREIGN_REFRESH)."""
+        if vif.kind in foreign.NESTED_KINDS:
+            return True
         cached = self._foreign_ids
         if cached is None or (cached[1] and time.monotonic() - cached[0] > FOREIGN_REFRESH):
             ids = self.kernel.foreign_iface_ids()
             if ids is None:
                 return True         # OVSDB unreachable: look (the ADD's plug fails anyway)
             cached = self._foreign_ids = (time.monotonic(), ids)
-        return port_id in cached[1]
+        return vif.port_id in cached[1]
 
     # Start-up ----------------------------------------------------------------
 
