@@ -167,6 +167,13 @@ binding_opts = [
                     'network has a larger one gets this one. 0: the VIF\'s own. '
                     'kuryr-kubernetes\' [neutron_defaults] network_device_mtu, with its '
                     'meaning.'),
+    cfg.BoolOpt('adopt', default=True,
+                help='Take over the pods kuryr-daemon plugged on this node: devices '
+                     'proven a pod\'s VIF (its OVS row with the VIF\'s iface-id and '
+                     'attached-mac, its pod end with the VIF\'s MAC) are recorded as '
+                     'their sandbox\'s binding, so its DEL removes them and a new '
+                     'sandbox evicts them. Off, they are left as they are, and are '
+                     'leftovers to remove by hand once their pods are gone.'),
     cfg.ListOpt('parents', default=[],
                 help='Parent interfaces a vlan or macvlan VIF may name besides '
                      'link_iface, as names or shell patterns. A VIF naming any '

@@ -108,6 +108,14 @@ def show_queued(queued):
     return '\n'.join(lines)
 
 
+def show_adoptions(entries):
+    rows = [(_when(e['time']), e['pod'], (e.get('container_id') or '-')[:20], e['result'],
+             e['reason'], e['kind'], e['devices'], e.get('detail') or '')
+            for e in entries]
+    return table(rows, ('time', 'pod', 'sandbox', 'result', 'reason', 'kind', 'devices',
+                        'detail'))
+
+
 def _when(timestamp):
     return datetime.datetime.fromtimestamp(timestamp).isoformat(timespec='seconds')
 
@@ -123,6 +131,9 @@ COMMANDS = {
              'attachments'),
     'stale-dels': ('/v1/stale-dels', show_stale,
                    'the last rejected stale DELs, with the owner at the time and the reason'),
+    'adoptions': ('/v1/adoptions', show_adoptions,
+                  'what kuryr-daemon plugged that was found: adopted, removed (evicted by a '
+                  'new sandbox, or without pod end) or left alone, and why'),
     'queued-dels': ('/v1/queued-dels', show_queued,
                     'DELs the shim queued whose replay fails: since when, how often, the '
                     'last error and the next try'),

@@ -16,8 +16,10 @@ request left unanswered.
 import dataclasses
 
 from kuryr_cni import binding as drivers
+from kuryr_cni import errors
 from kuryr_cni import netns
 from kuryr_cni import podview
+from kuryr_cni.binding import foreign
 from kuryr_cni.binding import owner_tag
 from kuryr_cni.binding import podside
 from kuryr_cni.binding import policy
@@ -68,10 +70,53 @@ class Kernel:
         self._driver(vif.kind).connect(self._sized(vif), plug)
 
     def disconnect(self, kind, plug):
-        self._driver(kind).disconnect(plug)
+        if plug.adopted is not None:
+            self._foreign().release(plug.adopted, plug)
+        else:
+            self._driver(kind).disconnect(plug)
 
     def check(self, vif, plug):
-        self._driver(vif.kind).check(self._sized(vif), plug)
+        if plug.adopted is not None:
+            self._foreign().check(vif, plug)
+        else:
+            self._driver(vif.kind).check(self._sized(vif), plug)
+
+    # Devices another CNI daemon made (kuryr_cni.binding.foreign) ---------------------
+
+    def find_foreign(self, vif, netns_paths=(), views=None):
+        """Findings of kuryr-daemon's devices for ``vif``, the pod end looked for in
+        ``netns_paths`` (those no longer there are skipped) or in ``views``, what
+        :meth:`link_views` read of them."""
+        if views is None:
+            views = self.link_views(netns_paths)
+        return self._foreign().probe(vif, views)
+
+    def link_views(self, netns_paths):
+        """``{path: links}`` of each namespace still there, one netlink dump each."""
+        views = {}
+        for path in netns_paths:
+            try:
+                views[path] = foreign.dump(path, host=self.host_netns)
+            except errors.InvalidEnvironment:
+                continue        # gone meanwhile, or no namespace
+        return views
+
+    def foreign_iface_ids(self):
+        """The ``iface-id`` of every OVS row we did not tag; None when OVSDB cannot
+        be reached (a node without Open vSwitch, or it is down)."""
+        try:
+            return self._foreign().foreign_iface_ids()
+        except (errors.TryAgainLater, errors.InvalidConfig):
+            return None
+
+    def tag_foreign(self, finding, container_id, ifname):
+        self._foreign().tag(finding, container_id, ifname)
+
+    def discard_foreign(self, finding):
+        self._foreign().discard(finding)
+
+    def _foreign(self):
+        return foreign.Finder(self.host_netns, self.binding_options)
 
     def _sized(self, vif):
         """``vif`` with its MTU lowered to ``[binding] network_device_mtu``, when set and lower."""

@@ -65,6 +65,10 @@ SPECS = (
     Spec('stale_del', 'counter', 'kuryr_cni_stale_del_rejected_total',
          'DELs from a sandbox that does not own the pod, rejected without touching it.',
          ('reason',), known=(('container_id_mismatch', 'pod_uid_mismatch'),)),
+    Spec('adoptions', 'counter', 'kuryr_cni_adoptions_total',
+         'Devices kuryr-daemon plugged, found by the adoption: adopted, removed (evicted, '
+         'orphaned) or left alone, by the reason.', ('result', 'reason'),
+         known=(('adopted',), ('proven',))),
     Spec('evictions', 'counter', 'kuryr_cni_sandbox_evictions_total',
          "Previous sandboxes' devices removed when a new sandbox of the pod was added."),
     Spec('vif_wait', 'histogram', 'kuryr_cni_vif_wait_seconds',
@@ -173,6 +177,11 @@ def in_flight(delta):
 def stale_del_rejected(reason):
     if _m:
         _m.stale_del.labels(reason).inc()
+
+
+def adoption(result, reason):
+    if _m:
+        _m.adoptions.labels(result, reason).inc()
 
 
 def sandbox_evicted():

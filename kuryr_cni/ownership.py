@@ -50,8 +50,10 @@ PRIMARY_IFNAME = 'eth0'     # the annotation's key for the interface named by CN
 class Ownership:
     """The rules, over a registry, a binding store, pod locks and a kernel port."""
 
-    def __init__(self, registry, store, locks, kernel, vif_timeout, events=None):
+    def __init__(self, registry, store, locks, kernel, vif_timeout, events=None, adopter=None):
         self.registry = registry
+        # kuryr_cni.adoption.Adopter: takes over what kuryr-daemon plugged; None: never
+        self.adopter = adopter
         self.store = store
         self.locks = locks
         self.kernel = kernel        # kuryr_cni.kernel.Kernel, or a stand-in with its methods
@@ -71,7 +73,7 @@ class Ownership:
             started = time.monotonic()
             # The ADD's registration brings back its first look at the pod's record.
             vifs = self._wait(pod, min(deadline, started + self.vif_timeout), 'published',
-                              _vifs_published, first_look=lambda: bindings.add_started(
+                              published_vifs, first_look=lambda: bindings.add_started(
                                   req.container_id, started, pod.key, token),
                               look=lambda: self._look_unless_deleted(req, token))
             waited = time.monotonic() - started
@@ -111,6 +113,9 @@ class Ownership:
             evicting = len(binding.sandboxes) > (req.container_id in binding.sandboxes)
             self._claim(binding, req, save=evicting)
             self._evict_others(binding, req.container_id)
+            if self.adopter is not None:
+                # No iface-id on two ports: what kuryr-daemon plugged for the pod goes first.
+                self.adopter.evict_foreign(req, vifs)
             try:
                 return self._plug(binding, req, vifs, free_names)
             except errors.CNIError:
@@ -183,7 +188,7 @@ class Ownership:
             return record
 
         def active(record):
-            vifs = _vifs_published(record)
+            vifs = published_vifs(record)
             if vifs is None or not _all_active(vifs):
                 return None
             if {n: dataclasses.replace(v, active=True) for n, v in plugged.items()} != vifs:
@@ -276,7 +281,7 @@ class Ownership:
         """
         sandbox = binding.sandboxes[req.container_id]
         key = (req.network, req.ifname)
-        interfaces = _interfaces(vifs, req.ifname)
+        interfaces = pod_interfaces(vifs, req.ifname)
         previous = sandbox.attachments.get(key)
         recorded = {i.ifname for i in previous.interfaces} if previous else set()
         unchecked = [i for i in interfaces
@@ -381,6 +386,10 @@ class Ownership:
             return 'noop'
         with self.locks.hold(pod_key, deadline) as remove_lock:
             binding = self.store.load(pod_key)
+            if binding is None and self.adopter is not None and req.pod is not None:
+                # Devices kuryr-daemon made for this very sandbox: adopted (recorded
+                # first), then removed below as the owner's.
+                binding = self.adopter.adopt_for_delete(req, self._save)
             if binding is None:
                 self._remove_tagged(req)
                 remove_lock()
@@ -396,7 +405,7 @@ class Ownership:
         if binding.owner == cid:
             if not _records_ifname(sandbox, req.ifname):
                 self._remove_tagged(req)    # devices its record lost: their tag proves them
-            self._unplug_attachment(binding, cid, (req.network, req.ifname))
+            self._unplug_attachment(binding, cid, _attachment_key(sandbox, req))
             if not sandbox.attachments:
                 binding.owner = None
                 for other in list(binding.sandboxes):
@@ -607,7 +616,7 @@ def _deleted_meanwhile(req):
                                 'for the VIFs' % (req.container_id, req.pod.key))
 
 
-def _vifs_published(record):
+def published_vifs(record):
     """The pod's VIFs once the record holds its primary interface's, active or not."""
     vifs = record.get('vifs') or {}
     if PRIMARY_IFNAME in vifs:
@@ -619,7 +628,7 @@ def _all_active(vifs):
     return all(v.active for v in vifs.values())
 
 
-def _interfaces(vifs, cni_ifname):
+def pod_interfaces(vifs, cni_ifname):
     """Map the annotation's interfaces to names in the pod (eth0 → CNI_IFNAME)."""
     named = {(cni_ifname if name == PRIMARY_IFNAME else name): vif for name, vif in vifs.items()}
     if len(named) != len(vifs):
@@ -635,9 +644,20 @@ def _records_ifname(sandbox, ifname):
                for interface in attachment.interfaces)
 
 
+def _attachment_key(sandbox, req):
+    """The attachment ``req`` names; an adopted one by its interface alone, since
+    the start-up adoption guessed the network name (kuryr-daemon recorded none)."""
+    key = (req.network, req.ifname)
+    if key not in sandbox.attachments:
+        for other, attachment in sandbox.attachments.items():
+            if other[1] == req.ifname and any(i.adopted for i in attachment.interfaces):
+                return other
+    return key
+
+
 def _plug_of(cid, sandbox_netns, interface):
     return Plug(cid, sandbox_netns or '', interface.ifname, interface.default_route,
-                interface.vif.mac)
+                interface.vif.mac, interface.adopted)
 
 
 def _stale_reason(binding, req):

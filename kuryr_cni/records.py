@@ -14,18 +14,21 @@ On disk (``state_dir/bindings``) a binding is one JSON object::
      "sandboxes": {<container ID>: {"netns": path, "uid": ...,
                                     "attachments": {"<network>/<ifname>": {
                                         "state": "plugging" | "ready", "added_at": <time>,
-                                        "interfaces": [{"ifname", "vif", "default_route"}],
+                                        "interfaces": [{"ifname", "vif", "default_route",
+                                                        "adopted"?}],
                                         "result": {...}}}}}}
 
 Formats: 0, kuryr-cni 0.1.0, the same without ``"format"``; 1, with it; 2,
 a VIF may carry ``integration_bridge`` (``ovs-hybrid``); 3, a VIF may carry
-``network_id`` (the address fence's network). Every change of
+``network_id`` (the address fence's network); 4, an interface may carry
+``adopted``: the devices another CNI daemon made, which this one took over
+(:mod:`kuryr_cni.adoption`). Every change of
 this shape bumps :data:`FORMAT` (tests/unit/test_records.py pins each
 format's keys): a release reading a record it does not fully understand
 must know it, never drop or misread what it does not know. A record is
 written in the oldest format that holds it (1 unless a VIF has an
-integration bridge or a network ID), so the releases before a format was added still read
-the records that do not need it.
+integration bridge or a network ID, or an interface was adopted), so the
+releases before a format was added still read the records that do not need it.
 
 A file read back is validated whole by :meth:`Binding.from_dict`, which
 raises :class:`RecordError` on anything that is not this shape, and
@@ -41,7 +44,7 @@ import re
 from kuryr_cni import errors
 from kuryr_cni import vif as vif_model
 
-FORMAT = 3                  # the newest format this release writes; it reads 0 to 3
+FORMAT = 4                  # the newest format this release writes; it reads 0 to 4
 PLUGGING, READY = 'plugging', 'ready'
 
 _CONTAINER_ID = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z')
@@ -58,12 +61,38 @@ class FutureFormat(RecordError):
     """A record written by a newer release, in a format this one does not know."""
 
 
-# The keys of each level of a record this release knows (format 3).
+# The keys of each level of a record this release knows (format 4).
 BINDING_KEYS = frozenset({'format', 'pod', 'owner', 'uid', 'sandboxes'})
 SANDBOX_KEYS = frozenset({'netns', 'uid', 'attachments'})
 ATTACHMENT_KEYS = frozenset({'state', 'interfaces', 'added_at', 'result'})
-INTERFACE_KEYS = frozenset({'ifname', 'vif', 'default_route'})
+INTERFACE_KEYS = frozenset({'ifname', 'vif', 'default_route', 'adopted'})
+ADOPTED_KEYS = frozenset({'from', 'devices', 'ovs_port'})
 VIF_KEYS = frozenset(field.name for field in dataclasses.fields(vif_model.VIF))
+
+
+@dataclasses.dataclass(frozen=True)
+class Adopted:
+    """Devices another CNI daemon made for an interface, taken over by this one.
+
+    Their names are that daemon's (``tap<port>``, ``qbr/qvb/qvo<port>``), not
+    derived from the owner, so the record names them; each carries our owner
+    tag since its adoption, which every removal checks.
+    """
+
+    source: str             # who made them: 'kuryr-daemon'
+    devices: tuple = ()     # host devices, in removal order (the pod end goes with a veth)
+    ovs_port: str | None = None    # the OVS port (and Interface row) among them
+
+    def to_dict(self):
+        return {'from': self.source, 'devices': list(self.devices), 'ovs_port': self.ovs_port}
+
+    @classmethod
+    def from_dict(cls, data):
+        _known(_expect(data, dict, 'adopted'), ADOPTED_KEYS, 'adopted')
+        devices = tuple(_ifname(name) for name in _expect(data.get('devices'), list, 'devices'))
+        ovs_port = data.get('ovs_port')
+        return cls(source=_expect(data.get('from'), str, 'from'), devices=devices,
+                   ovs_port=None if ovs_port is None else _ifname(ovs_port))
 
 
 @dataclasses.dataclass
@@ -73,16 +102,22 @@ class Interface:
     ifname: str
     vif: vif_model.VIF
     default_route: bool
+    adopted: Adopted | None = None  # made by another daemon, adopted (format 4)
 
     def to_dict(self):
-        return {'ifname': self.ifname, 'vif': self.vif.to_dict(),
+        data = {'ifname': self.ifname, 'vif': self.vif.to_dict(),
                 'default_route': self.default_route}
+        if self.adopted is not None:
+            data['adopted'] = self.adopted.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data):
         _known(_expect(data, dict, 'interface'), INTERFACE_KEYS, 'interface')
+        adopted = data.get('adopted')
         return cls(ifname=_ifname(data.get('ifname')), vif=_vif(data.get('vif')),
-                   default_route=_expect(data.get('default_route'), bool, 'default_route'))
+                   default_route=_expect(data.get('default_route'), bool, 'default_route'),
+                   adopted=None if adopted is None else Adopted.from_dict(adopted))
 
 
 @dataclasses.dataclass
@@ -188,9 +223,12 @@ class Binding:
 
     def format(self):
         """The oldest format that holds this binding."""
-        vifs = [interface.vif for sandbox in self.sandboxes.values()
-                for attachment in sandbox.attachments.values()
-                for interface in attachment.interfaces]
+        interfaces = [interface for sandbox in self.sandboxes.values()
+                      for attachment in sandbox.attachments.values()
+                      for interface in attachment.interfaces]
+        if any(interface.adopted is not None for interface in interfaces):
+            return 4
+        vifs = [interface.vif for interface in interfaces]
         if any(vif.network_id is not None for vif in vifs):
             return 3
         return 2 if any(vif.integration_bridge is not None for vif in vifs) else 1

@@ -582,7 +582,8 @@ def _overlap(network, other):
 
 
 class StaleDelLog:
-    """The last rejected stale DELs, newest last, for operators (bounded)."""
+    """The last entries of one kind, newest last, for operators (bounded): rejected
+    stale DELs; findings of the adoption (``AdoptionLog``)."""
 
     def __init__(self, size=100):
         self._entries = collections.deque(maxlen=size)
@@ -655,6 +656,7 @@ _RegistryManager.register('PodTable', _pod_table)
 _RegistryManager.register('BindingTable', _binding_table)
 _RegistryManager.register('StatusTable', StatusTable)
 _RegistryManager.register('StaleDelLog', StaleDelLog)
+_RegistryManager.register('AdoptionLog', StaleDelLog)
 
 
 def _init_manager_process(title, parent_pid, changes):
@@ -677,11 +679,12 @@ def _init_manager_process(title, parent_pid, changes):
 class Registry:
     """Proxies to the tables; picklable, and usable after fork."""
 
-    def __init__(self, pods, bindings, status, stale_dels, changes):
+    def __init__(self, pods, bindings, status, stale_dels, changes, adoptions=None):
         self.pods = pods
         self.bindings = bindings
         self.status = status
         self.stale_dels = stale_dels
+        self.adoptions = adoptions      # a StaleDelLog of the adoption's findings, or None
         self.changes = changes
 
     @classmethod
@@ -699,7 +702,7 @@ class Registry:
                                    serializer=SERIALIZER)
         manager.start(_init_manager_process, (title, os.getpid(), changes))
         return manager, cls(manager.PodTable(), manager.BindingTable(), manager.StatusTable(),
-                            manager.StaleDelLog(), changes)
+                            manager.StaleDelLog(), changes, manager.AdoptionLog())
 
     # The watcher's sink (kuryr_cni.listwatch) --------------------------------
 

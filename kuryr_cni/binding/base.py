@@ -65,6 +65,9 @@ class Plug:
     ifname: str             # name inside the pod
     default_route: bool     # put the VIF's default gateway route here
     mac: str | None = None  # the VIF's MAC: recognises an interface made before its alias
+    # records.Adopted: the devices another daemon made, which this plug took over
+    # (kuryr_cni.binding.foreign removes them), instead of the driver's own.
+    adopted: object = None
 
 
 class Driver(abc.ABC):

@@ -166,6 +166,9 @@ class InspectApp:
             return 200, binding.to_dict()
         if path == '/v1/stale-dels':
             return 200, self.registry.stale_dels.recent()
+        if path == '/v1/adoptions':
+            log = self.registry.adoptions
+            return 200, log.recent() if log is not None else []
         if path == '/v1/queued-dels':
             return 200, self.registry.status.queued_dels()
         return 404, {'error': 'unknown path %s' % path}

@@ -19,6 +19,10 @@ socket opens. Four of its steps are needed again later:
   worker killed before its first record leaves
   (:meth:`kuryr_cni.podlock.PodLocks.remove_unused`).
 
+Once, as soon as the watcher has synced (the pods' VIFs are known), it also
+runs the start-up adoption of what kuryr-daemon plugged
+(:meth:`kuryr_cni.adoption.Adopter.scan`), retried next round if it fails.
+
 Every ``interval`` seconds the thread does all four, with the normal ownership
 rules and pod locks, so it is idempotent and safe next to live requests. Only
 worker 0 runs it (cotyledon gives a replacement the same worker id), so two
@@ -47,6 +51,8 @@ class Housekeeper:
         self.retries = retries if retries is not None else recovery.Retries()
         self._stop = threading.Event()
         self._thread = None
+        # Stand-ins for the rules may have no adopter: nothing to scan then.
+        self._scanned = getattr(ownership, 'adopter', None) is None
 
     def start(self):
         self._thread = threading.Thread(target=self._loop, name='housekeeping', daemon=True)
@@ -85,3 +91,8 @@ class Housekeeper:
                                          retries=self.retries)
         if replayed:
             LOG.info('Replayed %d DELs the shim had queued', replayed)
+        if not self._scanned and self.ownership.registry.is_synced():
+            # After the replay: a queued DEL of a sandbox is applied before its
+            # devices could be adopted by the scan.
+            self.ownership.adopter.scan(self.ownership)
+            self._scanned = True

@@ -4,6 +4,7 @@ import cotyledon
 import setproctitle
 from oslo_log import log as logging
 
+from kuryr_cni import adoption
 from kuryr_cni import apiclient
 from kuryr_cni import binding
 from kuryr_cni import events
@@ -26,13 +27,15 @@ TITLE = 'kuryr-cni-daemon: cni-worker'
 
 def build_ownership(conf, registry, events=None):
     state_dir = conf.cni_daemon.state_dir
+    port = kernel.Kernel(binding_options=binding.Options.from_conf(conf))
     return ownership.Ownership(
         registry=registry,
         store=state.BindingStore(state_dir),
         locks=podlock.PodLocks(state.ensure_dir(state_dir + '/locks')),
-        kernel=kernel.Kernel(binding_options=binding.Options.from_conf(conf)),
+        kernel=port,
         vif_timeout=conf.cni_daemon.vif_timeout,
-        events=events)
+        events=events,
+        adopter=adoption.Adopter(port, registry) if conf.binding.adopt else None)
 
 
 def server_limits(opts):

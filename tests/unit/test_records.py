@@ -22,13 +22,17 @@ PINNED = {
     1: FORMAT_1,
     2: dict(FORMAT_1, vif=FORMAT_1['vif'] | {'integration_bridge'}),
     3: dict(FORMAT_1, vif=FORMAT_1['vif'] | {'integration_bridge', 'network_id'}),
+    # An interface adopted from kuryr-daemon names the devices it took over.
+    4: dict(FORMAT_1, vif=FORMAT_1['vif'] | {'integration_bridge', 'network_id'},
+            interface=FORMAT_1['interface'] | {'adopted'},
+            adopted={'from', 'devices', 'ovs_port'}),
 }
 
 
 def test_the_keys_of_the_format_this_release_writes_are_pinned():
     current = {'binding': records.BINDING_KEYS, 'sandbox': records.SANDBOX_KEYS,
                'attachment': records.ATTACHMENT_KEYS, 'interface': records.INTERFACE_KEYS,
-               'vif': records.VIF_KEYS}
+               'vif': records.VIF_KEYS, 'adopted': records.ADOPTED_KEYS}
     assert records.FORMAT in PINNED, 'pin the keys of format %d here' % records.FORMAT
     assert current == PINNED[records.FORMAT], (
         'the record\'s keys changed: bump records.FORMAT and pin the new format here')

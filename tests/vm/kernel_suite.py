@@ -19,7 +19,8 @@ from tests.vm import guests as vm_guests
 
 # Every file of tests/functional that asks whether the kernel can make a link, and more.
 FILES = ('tests/functional/test_nested.py', 'tests/functional/test_vif_kinds.py',
-         'tests/functional/test_rtnl.py', 'tests/functional/test_bridge.py')
+         'tests/functional/test_rtnl.py', 'tests/functional/test_bridge.py',
+         'tests/functional/test_adoption.py')
 DESELECT = 'not ovs'
 RUN_TIMEOUT = 1800      # seconds: fork+exec is 20 to 40 times slower in the guest
 VENV_TIMEOUT = 600
