@@ -58,6 +58,18 @@ cni_daemon_opts = [
                help='Seconds an ADD waits for its pod and every VIF of it to be '
                     'present and active before failing with CNI code 11. The plug '
                     'between the two waits does not count.'),
+    cfg.StrOpt('ready_signal', default='first', choices=[
+        ('first', 'for each VIF, whichever comes first: active from the VIF source, or '
+                  '(ovs VIFs) ovn-installed on its Open vSwitch Interface'),
+        ('ovn-installed', 'ovs VIFs: ovn-installed alone (for VIF sources that never mark '
+                          'them active; only on OVN nodes); other VIFs: active'),
+        ('active', 'active from the VIF source alone, as kuryr-daemon does')],
+               help='When an ADD answers, once its VIFs are plugged. ovn-controller sets '
+                    'external_ids:ovn-installed=true on a pod\'s OVS Interface once every '
+                    'flow of the port, its security groups\' included, is installed: the '
+                    'pod\'s network then works, seconds before Neutron\'s ACTIVE reaches '
+                    'the KuryrPort through kuryr-controller. Either signal is waited for '
+                    'within vif_timeout.'),
     cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
                help='Deadline of one CNI request inside the daemon, in seconds. '
                     'Keep it under the shim\'s "timeout" (110) and kubelet\'s 120.'),

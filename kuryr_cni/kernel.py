@@ -71,6 +71,14 @@ class Kernel:
     def check(self, vif, plug):
         self._driver(vif.kind).check(vif, plug)
 
+    def has_installed_signal(self, vif):
+        """Whether ``vif``'s driver can tell when the agent has installed its port."""
+        return self._driver(vif.kind).installed_signal
+
+    def wait_installed(self, vif, plug, timeout, on_connect=None):
+        """See :meth:`kuryr_cni.binding.base.Driver.wait_installed`."""
+        self._driver(vif.kind).wait_installed(plug, timeout, on_connect)
+
     # Host devices known by their owner tag alone ------------------------------------
 
     def tagged_host_devices(self):

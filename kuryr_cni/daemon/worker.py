@@ -32,7 +32,8 @@ def build_ownership(conf, registry, events=None):
         locks=podlock.PodLocks(state.ensure_dir(state_dir + '/locks')),
         kernel=kernel.Kernel(binding_options=binding.Options.from_conf(conf)),
         vif_timeout=conf.cni_daemon.vif_timeout,
-        events=events)
+        events=events,
+        ready_signal=conf.cni_daemon.ready_signal)
 
 
 def server_limits(opts):
