@@ -15,11 +15,11 @@ under the pod's flock (:mod:`kuryr_cni.podlock`):
   per ``ready_signal``, until ovn-controller has installed the port's flows:
   :mod:`kuryr_cni.readiness`). The two waits share ``vif_timeout``; the plug
   between them does not count. A timeout leaves what was plugged recorded for
-  the runtime's DEL; a DEL of B while it waits unplugs it and fails the ADD. A DEL of B before the claim
-  (while B's ADD waits for its VIFs) finds nothing to remove, and the ADD
-  fails having changed nothing: at once when it waits, else at its claim. A
-  sandbox's namespace is fixed by its first ADD: an ADD naming another one is
-  refused (code 4) and changes nothing.
+  the runtime's DEL; a DEL of B while it waits unplugs it and fails the ADD.
+  A DEL of B before the claim (while B's ADD waits for its VIFs) finds
+  nothing to remove, and the ADD fails having changed nothing: at once when
+  it waits, else at its claim. A sandbox's namespace is fixed by its first
+  ADD: an ADD naming another one is refused (code 4) and changes nothing.
 * DEL(A) from the owner unplugs A and clears the binding. DEL(A) from anyone
   else touches nothing of the owner's: it removes only what is provably A's and
   is counted as a rejected stale DEL. An unknown A is a successful no-op.

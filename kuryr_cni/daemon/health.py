@@ -13,7 +13,12 @@ registry call and ``/proc`` reads.
   within the watcher's limits (:mod:`kuryr_cni.listwatch`: a server sending
   too much, or for too long, is named here until it stops), the CNI socket
   can take work (not every serving worker has its connections at their cap,
-  :mod:`kuryr_cni.daemon.server`), and the daemon is not shutting down.
+  :mod:`kuryr_cni.daemon.server`), and the daemon is not shutting down;
+* serves ADDs (what CNI STATUS answers): ready but for a saturated socket.
+  A saturated socket takes a kubelet's probe out of service, but an ADD
+  arriving then waits in the listen backlog until a worker takes it (the
+  oldest incomplete connection makes room), and succeeds: STATUS failing
+  would make the runtime stop starting pods for nothing.
 
 Queued DELs whose replay fails are reported (``queued_dels_failing`` and a
 line in ``warnings``) but fail neither probe: they are leftovers of dead
@@ -25,6 +30,7 @@ of service for one leftover, and restarting the daemon would not help.
 import time
 
 DEFAULT_HEARTBEAT_TIMEOUT = 30      # [health] heartbeat_timeout, when the parent set none
+SATURATED = 'CNI socket saturated'
 
 
 def judge(registry):
@@ -35,8 +41,8 @@ def judge(registry):
     try:
         facts = registry.status.facts()
     except (ConnectionError, EOFError, OSError):
-        return {'alive': False, 'ready': False, 'registry': False,
-                'problems': ['registry unavailable']}
+        return {'alive': False, 'ready': False, 'serves_adds': False, 'registry': False,
+                'problems': ['registry unavailable'], 'add_problems': ['registry unavailable']}
     stopping = facts.shutting_down
     # Draining workers have left their accept loops and beat no more.
     limit = None if stopping else (facts.heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT)
@@ -54,7 +60,7 @@ def judge(registry):
     saturated = bool(workers) and all(('cni-worker', worker_id) in facts.saturated
                                       for worker_id in workers)
     if saturated:
-        problems.append('CNI socket saturated')
+        problems.append(SATURATED)
     if stopping:
         problems.append('shutting down')
     warnings = []
@@ -64,9 +70,11 @@ def judge(registry):
                             facts.queued_dels_failing,
                             now - (facts.queued_dels_failing_since or now)))
     alive = bool(workers) and bool(watchers)
+    serves_adds = alive and facts.synced and not facts.api_limits and not stopping
     return {'alive': alive,
-            'ready': (alive and facts.synced and not facts.api_limits and not saturated
-                      and not stopping),
+            'ready': serves_adds and not saturated,
+            'serves_adds': serves_adds,
+            'add_problems': [p for p in problems if p != SATURATED],
             'registry': True, 'workers': len(workers), 'watcher_synced': facts.synced,
             'api_limits': list(facts.api_limits),
             'socket_saturated': saturated, 'shutting_down': stopping, 'problems': problems,
