@@ -61,17 +61,20 @@ def test_a_port_that_never_turns_active_fails_the_add_in_time(stack, node, runti
     stack.stop('ovn-controller')
     try:
         pod = pods()
+        # The KuryrPort first: on a loaded machine kuryr-controller may take longer than
+        # vif_timeout to write it, and the ADD would time out on that instead.
+        port_id = stack.wait_for_vif(pod['metadata']['name'])['versioned_object.data']['id']
         sandbox = steps.sandbox_of(node, pod)
         started = time.monotonic()
         outcome = runtime.add(sandbox)
         took = time.monotonic() - started
         assert outcome.error_code == 11, outcome.output
         assert took < vif_timeout + 5, took
-        port_id = stack.wait_for_vif(pod['metadata']['name'])['versioned_object.data']['id']
         assert stack.port(port_id)['status'] == 'DOWN'
         reasons = {e['reason'] for e in stack.events()
                    if e['involvedObject'].get('uid') == pod['metadata']['uid']}
-        assert {'CNIWaitingForActiveVIFs', 'CNITimedOutWaitingForActiveVIFs'} <= reasons, reasons
+        assert {'CNIWaitingForActiveVIFs', 'CNITimedOutWaitingForActiveVIFs'} <= reasons, \
+            (reasons, outcome.output, node.log_tail())
         assert runtime.delete(sandbox).ok
         assert stack.plugged(port_id) is None
     finally:
