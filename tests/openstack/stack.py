@@ -15,6 +15,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -100,6 +101,17 @@ class Stack:
         """Stop everything, or the one process named (e.g. ``kuryr-controller``)."""
         subprocess.run([TOOL, 'stop', self.dir, *([what] if what else [])], check=True,
                        capture_output=True, timeout=120)
+
+    def hold(self, name):
+        """Freeze the stack's process ``name`` (SIGSTOP) until :meth:`release`."""
+        os.kill(self._pid(name), signal.SIGSTOP)
+
+    def release(self, name):
+        os.kill(self._pid(name), signal.SIGCONT)
+
+    def _pid(self, name):
+        with open(os.path.join(self.dir, 'run', name + '.pid')) as f:
+            return int(f.read())
 
     def close(self):
         subprocess.run([TOOL, 'stop', self.dir], capture_output=True, timeout=180)
