@@ -64,6 +64,18 @@ cni_daemon_opts = [
                help='Seconds an ADD waits for its pod and every VIF of it to be '
                     'present and active before failing with CNI code 11. The plug '
                     'between the two waits does not count.'),
+    cfg.StrOpt('ready_signal', default='first', choices=[
+        ('first', 'for each VIF, whichever comes first: active from the VIF source, or '
+                  '(ovs VIFs) ovn-installed on its Open vSwitch Interface'),
+        ('ovn-installed', 'ovs VIFs: ovn-installed alone (for VIF sources that never mark '
+                          'them active; only on OVN nodes); other VIFs: active'),
+        ('active', 'active from the VIF source alone, as kuryr-daemon does')],
+               help='When an ADD answers, once its VIFs are plugged. ovn-controller sets '
+                    'external_ids:ovn-installed=true on a pod\'s OVS Interface once every '
+                    'flow of the port, its security groups\' included, is installed: the '
+                    'pod\'s network then works, seconds before Neutron\'s ACTIVE reaches '
+                    'the KuryrPort through kuryr-controller. Either signal is waited for '
+                    'within vif_timeout.'),
     cfg.IntOpt('request_timeout', default=100, min=5, max=3600,
                help='Deadline of one CNI request inside the daemon, in seconds. '
                     'Keep it under the shim\'s "timeout" (110) and kubelet\'s 120.'),
@@ -428,6 +440,15 @@ def _upstream_meanings(conf, where, spelled_upstream):
                           'from worker_num)' % (_spelled(where, 'cni_daemon', 'worker_count'),
                                                 asked, workers,
                                                 opts.worker_concurrency, DEFAULT_WORKERS)))
+    if (spelled_upstream.get(('binding', 'required_bridges')) == ('neutron_defaults', 'ovs_bridge')
+            and conf.binding.link_iface):
+        # kuryr-daemon checked ovs_bridge only in its Open vSwitch driver, which a
+        # nested node (pods on VLANs of link_iface) never loads: a VM node has no br-int.
+        conf.set_override('required_bridges', [], group='binding')
+        notes.append(Note(logging.INFO, '%s is not required on this nested node ([binding] '
+                          'link_iface = %s): kuryr-daemon checked it only for Open vSwitch '
+                          'VIFs' % (_spelled(where, 'binding', 'required_bridges'),
+                                    conf.binding.link_iface)))
     if opts.vif_timeout >= opts.request_timeout:
         notes.append(Note(logging.WARNING, '%s = %d is not shorter than [cni_daemon] '
                           'request_timeout (%d s): an ADD whose VIFs are late fails after '

@@ -123,6 +123,14 @@ class Kernel:
         largest = (self.binding_options or drivers.Options()).network_device_mtu
         return dataclasses.replace(vif, mtu=largest) if largest and vif.mtu > largest else vif
 
+    def has_installed_signal(self, vif):
+        """Whether ``vif``'s driver can tell when the agent has installed its port."""
+        return self._driver(vif.kind).installed_signal
+
+    def wait_installed(self, vif, plug, timeout, on_connect=None):
+        """See :meth:`kuryr_cni.binding.base.Driver.wait_installed`."""
+        self._driver(vif.kind).wait_installed(plug, timeout, on_connect)
+
     # Host devices known by their owner tag alone ------------------------------------
 
     def tagged_host_devices(self):

@@ -11,14 +11,15 @@ under the pod's flock (:mod:`kuryr_cni.podlock`):
   devices (by their records, which stay persisted until the devices are gone),
   records the attachment as ``plugging``, plugs, and records it ``ready``; and
   only then waits (unlocked) until every VIF is active, as upstream kuryr does:
-  Neutron marks a port ACTIVE only once it sees the host side just plugged. The
-  two waits share ``vif_timeout``; the plug between them does not count. A
-  timeout leaves what was plugged recorded for the runtime's DEL; a DEL of B
-  while it waits unplugs it and fails the ADD. A DEL of B before the claim
-  (while B's ADD waits for its VIFs) finds nothing to remove, and the ADD
-  fails having changed nothing: at once when it waits, else at its claim. A
-  sandbox's namespace is fixed by its first ADD: an ADD naming another one is
-  refused (code 4) and changes nothing.
+  Neutron marks a port ACTIVE only once it sees the host side just plugged (or,
+  per ``ready_signal``, until ovn-controller has installed the port's flows:
+  :mod:`kuryr_cni.readiness`). The two waits share ``vif_timeout``; the plug
+  between them does not count. A timeout leaves what was plugged recorded for
+  the runtime's DEL; a DEL of B while it waits unplugs it and fails the ADD.
+  A DEL of B before the claim (while B's ADD waits for its VIFs) finds
+  nothing to remove, and the ADD fails having changed nothing: at once when
+  it waits, else at its claim. A sandbox's namespace is fixed by its first
+  ADD: an ADD naming another one is refused (code 4) and changes nothing.
 * DEL(A) from the owner unplugs A and clears the binding. DEL(A) from anyone
   else touches nothing of the owner's: it removes only what is provably A's and
   is counted as a rejected stale DEL. An unknown A is a successful no-op.
@@ -36,6 +37,7 @@ from oslo_log import log as logging
 
 from kuryr_cni import errors
 from kuryr_cni import metrics
+from kuryr_cni import readiness
 from kuryr_cni import records
 from kuryr_cni import vif as vif_model
 from kuryr_cni.binding.base import Plug
@@ -50,7 +52,8 @@ PRIMARY_IFNAME = 'eth0'     # the annotation's key for the interface named by CN
 class Ownership:
     """The rules, over a registry, a binding store, pod locks and a kernel port."""
 
-    def __init__(self, registry, store, locks, kernel, vif_timeout, events=None, adopter=None):
+    def __init__(self, registry, store, locks, kernel, vif_timeout, events=None,
+                 adopter=None, ready_signal=readiness.ACTIVE):
         self.registry = registry
         # kuryr_cni.adoption.Adopter: takes over what kuryr-daemon plugged; None: never
         self.adopter = adopter
@@ -59,6 +62,7 @@ class Ownership:
         self.kernel = kernel        # kuryr_cni.kernel.Kernel, or a stand-in with its methods
         self.vif_timeout = vif_timeout
         self.events = events     # kuryr_cni.events.EventPoster, or None: no Kubernetes Events
+        self.ready_signal = ready_signal    # one of readiness.SIGNALS
 
     # ADD ------------------------------------------------------------------
 
@@ -80,13 +84,14 @@ class Ownership:
             result = self._claim_and_plug(req, vifs, deadline, token)
             # Plugged before ACTIVE, as upstream does: Neutron marks a port ACTIVE
             # only once it sees the port's host side, which the plug just made.
-            if not _all_active(vifs):
+            watched = self._watched(vifs)
+            if watched or not _all_active(vifs):
                 started = time.monotonic()
                 # vif_timeout bounds the two waits together, not the plug between
                 # them: on a node busy starting pods, the plug's wait for the rtnl
                 # lock and the disk is not time the control plane had.
-                self._wait_active(req, vifs,
-                                  min(deadline, started + self.vif_timeout - waited))
+                self._wait_ready(req, vifs, watched,
+                                 min(deadline, started + self.vif_timeout - waited))
                 waited += time.monotonic() - started
             metrics.vif_waited(waited)
             return result
@@ -167,13 +172,35 @@ class Ownership:
             raise _deleted_meanwhile(req)
         return record
 
-    def _wait_active(self, req, plugged, deadline):
-        """Wait until every VIF plugged for ``req`` is active; unlocked.
+    def _watched(self, vifs):
+        """The names of ``vifs`` whose ovn-installed to watch, per ``ready_signal``.
+
+        With ``first``, only while some VIF is inactive: an ADD whose VIFs are
+        all active already answers at once, as it always did.
+        """
+        if self.ready_signal == readiness.ACTIVE or (
+                self.ready_signal == readiness.FIRST and _all_active(vifs)):
+            return frozenset()
+        return frozenset(name for name, vif in vifs.items()
+                         if self.kernel.has_installed_signal(vif))
+
+    def _wait_ready(self, req, plugged, watched, deadline):
+        """Wait until every VIF plugged for ``req`` works: active, or (``watched``
+        ones) installed by OVN, as ``ready_signal`` says; unlocked.
 
         What was plugged stays recorded whatever happens here, so the runtime's
         DEL removes it. Fails at once when the sandbox stops owning the pod (a
         DEL of it, or a newer sandbox) or when the VIFs change under it.
         """
+        plugs = {name: (vif, _plug_of(req.container_id, req.netns, records.Interface(
+                    req.ifname if name == PRIMARY_IFNAME else name, vif, False)))
+                 for name, vif in plugged.items() if name in watched}
+        with readiness.InstalledWatch(self.kernel, plugs,
+                                      max(0.0, deadline - time.monotonic())) as watch:
+            self._wait_active(req, plugged, deadline, watched, watch)
+
+    def _wait_active(self, req, plugged, deadline, watched=frozenset(), watch=None):
+        """Wait until every VIF plugged for ``req`` is ready (see :meth:`_wait_ready`)."""
         cid = req.container_id
         if self.events is not None:
             self.events.waiting_for_active(req.pod, {n: v.to_dict() for n, v in plugged.items()})
@@ -189,21 +216,28 @@ class Ownership:
 
         def active(record):
             vifs = published_vifs(record)
-            if vifs is None or not _all_active(vifs):
+            if vifs is None or not all(readiness.is_ready(self.ready_signal, n, v,
+                                                          n in watched, watch)
+                                       for n, v in vifs.items()):
                 return None
-            if {n: dataclasses.replace(v, active=True) for n, v in plugged.items()} != vifs:
+            if ({n: dataclasses.replace(v, active=True) for n, v in plugged.items()}
+                    != {n: dataclasses.replace(v, active=True) for n, v in vifs.items()}):
                 raise errors.TryAgainLater('the VIFs of pod %s changed while waiting for them '
                                            'to be active; retry to plug the new ones'
                                            % req.pod.key)
             return vifs
 
-        self._wait(req.pod, deadline, 'active', active, look)
+        what = ('active' if not watched else 'installed by OVN'
+                if self.ready_signal == readiness.OVN_INSTALLED else 'active or installed by OVN')
+        self._wait(req.pod, deadline, what, active, look,
+                   wake=watch.wake if watch is not None else None)
 
-    def _wait(self, pod, deadline, what, ready, look, first_look=None):
+    def _wait(self, pod, deadline, what, ready, look, first_look=None, wake=None):
         """Read ``pod``'s record until it satisfies ``ready``, each time its rows change.
 
         ``look()`` reads the record (and may refuse to wait on);
-        ``first_look()``, when given, instead of the first ``look()``.
+        ``first_look()``, when given, instead of the first ``look()``;
+        ``wake``, a ``threading.Event``: read again when it is set, too.
 
         The registry's change counters (:class:`kuryr_cni.registry.Changes`,
         shared memory) say when to read again, not a Manager Condition: a
@@ -217,6 +251,8 @@ class Ownership:
         next_look = first_look or look
         started = time.monotonic()
         while True:
+            if wake is not None:
+                wake.clear()    # before the read: a later signal sets it again
             seen = changes.version(pod.key)     # before the read: a later change moves it
             record, next_look = next_look(), look
             # A record without UID is a static pod's (KuryrPort source): no UID fence.
@@ -239,7 +275,7 @@ class Ownership:
                 raise errors.TryAgainLater('timed out waiting for the VIFs of pod %s%s to be %s%s'
                                            % (pod.key, _uid_note(pod), what,
                                               vif_model.inactive_note((record or {}).get('vifs'))))
-            changes.wait(pod.key, seen, remaining)
+            changes.wait(pod.key, seen, remaining, wake)
 
     def _refuse_moved_sandbox(self, binding, req):
         """Refuse an ADD naming another namespace than its sandbox's record.

@@ -79,8 +79,14 @@ class Changes:
         """``key``'s counter: note it before reading the registry, then :meth:`wait`."""
         return self._counters[self._slot(key)]
 
-    def wait(self, key, seen, timeout):
-        """Until ``key``'s counter is not ``seen`` (True) or ``timeout`` seconds pass (False)."""
+    def wait(self, key, seen, timeout, wake=None):
+        """Until ``key``'s counter is not ``seen`` (True) or ``timeout`` seconds pass (False).
+
+        ``wake``, a ``threading.Event`` of the caller's own, is what the wait
+        waits on: it ends the wait when anyone sets it (a signal of the
+        caller's process, such as an OVSDB row), and it is set when the
+        counter moves. The caller clears it before it reads the registry.
+        """
         slot = self._slot(key)
         if self._counters[slot] != seen:
             return True
@@ -88,7 +94,9 @@ class Changes:
             if self._lookout is None or self._lookout.pid != os.getpid():   # forked since
                 self._lookout = _Lookout(self._counters)
             lookout = self._lookout
-        return lookout.wait(slot, seen, timeout)
+        if wake is None:
+            return lookout.wait(slot, seen, timeout)
+        return lookout.wait_or_wake(slot, seen, timeout, wake)
 
     def bump(self, keys=None):
         """Move the counters of ``keys`` (None: all); the Manager's tables call it."""
@@ -112,6 +120,7 @@ class _Lookout:
         self._counters = counters
         self._lock = threading.Lock()
         self._waits = {}                    # (slot, counter seen) -> [Event, waiters]
+        self._wakes = {}                    # a waiter's own Event -> (slot, counter seen)
         self._waiting = threading.Event()   # set while _waits is not empty
         threading.Thread(target=self._run, name='kuryr-cni-changes', daemon=True).start()
 
@@ -130,8 +139,21 @@ class _Lookout:
                 entry[1] -= 1
                 if not entry[1]:
                     del self._waits[key]
-                    if not self._waits:
+                    if not self._waits and not self._wakes:
                         self._waiting.clear()
+
+    def wait_or_wake(self, slot, seen, timeout, wake):
+        """As :meth:`wait`, on the waiter's own ``wake`` (which others may set too)."""
+        with self._lock:
+            self._wakes[wake] = (slot, seen)
+            self._waiting.set()
+        try:
+            return self._counters[slot] != seen or wake.wait(timeout)
+        finally:
+            with self._lock:
+                del self._wakes[wake]
+                if not self._waits and not self._wakes:
+                    self._waiting.clear()
 
     def _run(self):
         while True:
@@ -140,6 +162,8 @@ class _Lookout:
             with self._lock:
                 moved = [event for (slot, seen), (event, _) in self._waits.items()
                          if self._counters[slot] != seen]
+                moved += [wake for wake, (slot, seen) in self._wakes.items()
+                          if self._counters[slot] != seen]
             for event in moved:
                 event.set()
 

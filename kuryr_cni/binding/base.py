@@ -80,6 +80,7 @@ class Driver(abc.ABC):
 
     kind = None
     host_side = False   # whether it makes host-side devices tagged with their owner
+    installed_signal = False    # whether it has wait_installed (a local readiness signal)
 
     def __init__(self, host_netns=None, options=None):
         self.host_netns = host_netns
@@ -118,6 +119,17 @@ class Driver(abc.ABC):
         Returns None when everything the driver configured is still in place.
         Changes nothing.
         """
+
+    def wait_installed(self, plug, timeout, on_connect=None):
+        """Return once the node's networking agent says the plug's port works.
+
+        Only drivers whose ``installed_signal`` is true have such a signal
+        (see :meth:`kuryr_cni.binding.ovs.OvsDriver.wait_installed`);
+        ``on_connect`` receives the socket the wait reads, so another thread
+        may end it (``shutdown``). Raises code 11 errors when the signal does
+        not come within ``timeout`` seconds.
+        """
+        raise NotImplementedError('%s has no local readiness signal' % self.kind)
 
     def remove_host_side(self, container_id, ifname):
         """Remove host-side devices of (``container_id``, ``ifname``) no record describes.

@@ -69,6 +69,7 @@ class HybridDriver(ovs.OvsDriver):
 
     kind = 'ovs-hybrid'
     host_side = True
+    installed_signal = False    # ML2/OVS's firewall: no ovn-controller sets ovn-installed
 
     def connect(self, vif, plug):
         """Make the qbr and the qvb/qvo pair, add qvo to OVS, then the pod's veth into the qbr.

@@ -41,6 +41,7 @@ from kuryr_cni.binding import podside
 LOG = logging.getLogger(__name__)
 
 OWNER_KEY = 'kuryr-cni-owner'
+OVN_INSTALLED = 'ovn-installed'     # set by ovn-controller once the port's flows are in
 _POLL_FIRST = 0.002
 _POLL_MAX = 0.05
 # Appended to a transaction: ask ovs-vswitchd to report when it has applied it.
@@ -56,6 +57,7 @@ class OvsDriver(bridge.BridgeDriver):
 
     kind = 'ovs'
     host_side = True
+    installed_signal = True
 
     def __init__(self, host_netns=None, options=None):
         super().__init__(host_netns, options)
@@ -207,6 +209,24 @@ class OvsDriver(bridge.BridgeDriver):
         ids = _py_map(interface['external_ids']) if interface else {}
         return {'port': ports['rows'][0]['_uuid'], 'interface': interface,
                 'external_ids': ids, 'owner': ids.get(OWNER_KEY)}
+
+    # -- readiness -------------------------------------------------------------
+
+    def wait_installed(self, plug, timeout, on_connect=None):
+        """Return once ovn-controller has installed every flow of the plug's port.
+
+        ovn-controller sets ``external_ids:ovn-installed=true`` on the
+        Interface once all of the port's flows, its ACLs (security groups)
+        included, are in ovs-vswitchd: the moment the pod's network works as
+        Neutron says it should. Raises :class:`ovsdb.Unavailable` when that
+        does not happen within ``timeout`` seconds (no OVN on this node, or
+        none bound the port) or OVSDB cannot be reached.
+        """
+        host_name = owner_tag.host_ifname(plug.container_id, plug.ifname)
+        self.ovsdb.wait_for_row('Interface', [
+            ['name', '==', host_name],
+            ['external_ids', 'includes', _ovs_map({OVN_INSTALLED: 'true'})]],
+            timeout, on_connect)
 
     # -- check -----------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from kuryr_cni import netns
 
 DATABASE = 'Open_vSwitch'
 MAX_REPLY_CHARS = 16 * 1024 * 1024
+WAIT_MARGIN = 2.0       # seconds the client gives a server-side wait beyond its own timeout
 
 
 class Unavailable(errors.TryAgainLater):
@@ -49,13 +50,14 @@ class Client:
         self.host_netns = host_netns
         self._family, self._address = parse_connection(connection)
 
-    def transact(self, *operations):
+    def transact(self, *operations, timeout=None, on_connect=None):
         """Run ``operations`` (RFC 7047 §5.2 objects) atomically; return their results.
 
         Raises :class:`TransactionFailed` when any operation, or the commit,
-        failed: the server then changed nothing.
+        failed: the server then changed nothing. ``timeout`` and
+        ``on_connect``: see :meth:`call`.
         """
-        reply = self.call('transact', [DATABASE, *operations])
+        reply = self.call('transact', [DATABASE, *operations], timeout, on_connect)
         results = reply if isinstance(reply, list) else []
         failures = [r for r in results if isinstance(r, dict) and 'error' in r]
         if len(results) < len(operations) or failures:
@@ -65,11 +67,36 @@ class Client:
                                     failure.get('details') or '')
         return results
 
-    def call(self, method, params):
-        """Send one JSON-RPC request and return its ``result`` within the timeout."""
-        deadline = time.monotonic() + self.timeout
+    def wait_for_row(self, table, where, timeout, on_connect=None):
+        """Return once a row of ``table`` matches ``where``, within ``timeout`` seconds.
+
+        One "wait" operation (RFC 7047 §5.2.6): the server holds the
+        transaction and answers when a commit makes a row match, so nothing
+        polls. No match in time raises :class:`Unavailable`. ``on_connect``:
+        see :meth:`call` (how another thread ends the wait early).
+        """
+        try:
+            self.transact({'op': 'wait', 'table': table, 'where': where, 'columns': ['_uuid'],
+                           'until': '!=', 'rows': [], 'timeout': max(0, int(timeout * 1000))},
+                          timeout=timeout + WAIT_MARGIN, on_connect=on_connect)
+        except TransactionFailed as exc:
+            if 'timed out' not in exc.msg:
+                raise
+            raise Unavailable('no %s row matched %s within %g s' % (table, where, timeout)) \
+                from None
+
+    def call(self, method, params, timeout=None, on_connect=None):
+        """Send one JSON-RPC request and return its ``result`` within ``timeout`` seconds.
+
+        ``timeout`` None is the client's. ``on_connect(sock)``, when given, is
+        called with the connected socket: a ``shutdown`` of it from another
+        thread ends the call at once (with :class:`Unavailable`).
+        """
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         request = {'method': method, 'params': params, 'id': 0}
         with self._connect(deadline) as sock:
+            if on_connect is not None:
+                on_connect(sock)
             _send(sock, request, deadline, self.connection)
             for message in _messages(sock, deadline, self.connection):
                 if message.get('method') == 'echo':

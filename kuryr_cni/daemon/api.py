@@ -98,17 +98,19 @@ class CNIApp:
         return 'success', None
 
     def _status(self):
-        """Succeed only when an ADD could be served now: the /ready judgement.
+        """Fail only when an ADD arriving now would fail (``serves_adds`` of
+        :func:`health.judge`: the /ready judgement but for a saturated socket,
+        which delays ADDs, never fails them).
 
         Never 51: pods already plugged keep their connectivity without the
         daemon (their data path is in the kernel), so "not available" is the
         whole truth.
         """
         facts = health.judge(self.registry)
-        if not facts['ready']:
+        if not facts['serves_adds']:
             raise errors.PluginNotAvailable(
                 'kuryr-cni daemon not ready to add pods',
-                ', '.join(facts.get('problems') or ['not ready']))
+                ', '.join(facts.get('add_problems') or ['not ready']))
 
     def _gc(self, req, deadline):
         """Collect every stale attachment of the network; report failures after trying all.

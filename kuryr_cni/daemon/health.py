@@ -17,7 +17,12 @@ bridge.
   :mod:`kuryr_cni.daemon.server`), every bridge of ``[binding]
   required_bridges`` exists in the daemon's network namespace (kuryr-daemon
   checked its ``ovs_bridge`` before each plug; without the check a missing
-  ``br-int`` showed only as failing ADDs), and the daemon is not shutting down.
+  ``br-int`` showed only as failing ADDs), and the daemon is not shutting down;
+* serves ADDs (what CNI STATUS answers): ready but for a saturated socket.
+  A saturated socket takes a kubelet's probe out of service, but an ADD
+  arriving then waits in the listen backlog until a worker takes it (the
+  oldest incomplete connection makes room), and succeeds: STATUS failing
+  would make the runtime stop starting pods for nothing.
 
 Queued DELs whose replay fails are reported (``queued_dels_failing`` and a
 line in ``warnings``) but fail neither probe: they are leftovers of dead
@@ -30,6 +35,7 @@ import socket
 import time
 
 DEFAULT_HEARTBEAT_TIMEOUT = 30      # [health] heartbeat_timeout, when the parent set none
+SATURATED = 'CNI socket saturated'
 
 
 def judge(registry):
@@ -40,8 +46,8 @@ def judge(registry):
     try:
         facts = registry.status.facts()
     except (ConnectionError, EOFError, OSError):
-        return {'alive': False, 'ready': False, 'registry': False,
-                'problems': ['registry unavailable']}
+        return {'alive': False, 'ready': False, 'serves_adds': False, 'registry': False,
+                'problems': ['registry unavailable'], 'add_problems': ['registry unavailable']}
     stopping = facts.shutting_down
     # Draining workers have left their accept loops and beat no more.
     limit = None if stopping else (facts.heartbeat_timeout or DEFAULT_HEARTBEAT_TIMEOUT)
@@ -59,7 +65,7 @@ def judge(registry):
     saturated = bool(workers) and all(('cni-worker', worker_id) in facts.saturated
                                       for worker_id in workers)
     if saturated:
-        problems.append('CNI socket saturated')
+        problems.append(SATURATED)
     missing = [name for name in facts.required_bridges if not interface_exists(name)]
     problems.extend('bridge %s missing' % name for name in missing)
     if stopping:
@@ -71,9 +77,11 @@ def judge(registry):
                             facts.queued_dels_failing,
                             now - (facts.queued_dels_failing_since or now)))
     alive = bool(workers) and bool(watchers)
+    serves_adds = alive and facts.synced and not facts.api_limits and not missing and not stopping
     return {'alive': alive,
-            'ready': (alive and facts.synced and not facts.api_limits and not saturated
-                      and not missing and not stopping),
+            'ready': serves_adds and not saturated,
+            'serves_adds': serves_adds,
+            'add_problems': [p for p in problems if p != SATURATED],
             'registry': True, 'workers': len(workers), 'watcher_synced': facts.synced,
             'api_limits': list(facts.api_limits),
             'socket_saturated': saturated, 'bridges_missing': missing,

@@ -35,7 +35,8 @@ def build_ownership(conf, registry, events=None):
         kernel=port,
         vif_timeout=conf.cni_daemon.vif_timeout,
         events=events,
-        adopter=adoption.Adopter(port, registry) if conf.binding.adopt else None)
+        adopter=adoption.Adopter(port, registry) if conf.binding.adopt else None,
+        ready_signal=conf.cni_daemon.ready_signal)
 
 
 def server_limits(opts):

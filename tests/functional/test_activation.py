@@ -88,6 +88,65 @@ def test_open_vswitch_port_turns_active_only_once_plugged(node, vif_timeout, br_
         node.stop_daemon()
 
 
+def _ovn_node(node, switch, vif_timeout, ready_signal):
+    node.start_daemon(workers=2, vif_timeout=vif_timeout, extra=(
+        '\n[cni_daemon]\nvif_source = kuryrport\nready_signal = %s\n'
+        '\n[binding]\novsdb_connection = %s\n' % (ready_signal, switch.connection)))
+    _kuryrport(node, fx.ovs_vif(active=False, network=_network('10.20.0')))
+
+
+@pytest.mark.parametrize('vif_timeout', [20])
+def test_ovs_port_answers_once_ovn_installed_it_without_waiting_for_active(
+        node, vif_timeout, br_int, runtime):
+    """ovn-controller's ovn-installed, set once the port is plugged, answers the ADD alone."""
+    _ovn_node(node, br_int, vif_timeout, 'first')
+    try:
+        sandbox = _sandbox(node)
+        with testneutron.StandInNeutron(node, br_int, ovn_installed=True,
+                                        activate=False) as neutron:
+            neutron.serve_kuryrport('default', POD)
+            started = time.monotonic()
+            outcome = runtime.add(sandbox)
+            answered = time.monotonic()
+        assert outcome.ok, outcome
+        [installed] = neutron.installations.values()
+        assert started < installed <= answered
+        assert answered - started < vif_timeout / 2       # not a timeout's retry
+        assert neutron.activations == {}
+        assert node.ping(sandbox.netns, '10.20.0.1')
+        assert runtime.delete(sandbox).ok
+        assert br_int.ports('br-int') == set()
+        assert helpers.leftovers(node) == helpers.NOTHING
+    finally:
+        node.stop_daemon()
+
+
+@pytest.mark.parametrize('ready_signal, ovn_installed, activate, missing', [
+    ('active', True, False, 'active'),
+    ('ovn-installed', False, True, 'installed by OVN'),
+])
+def test_ready_signal_waits_for_its_own_signal_only(
+        node, br_int, runtime, ready_signal, ovn_installed, activate, missing):
+    _ovn_node(node, br_int, 2, ready_signal)
+    try:
+        sandbox = _sandbox(node)
+        with testneutron.StandInNeutron(node, br_int, ovn_installed=ovn_installed,
+                                        activate=activate) as neutron:
+            neutron.serve_kuryrport('default', POD)
+            outcome = runtime.add(sandbox)
+        # The other signal came (after the plug), and the ADD did not take it.
+        assert list(neutron.installations if ovn_installed else neutron.activations) \
+            == [fx.PORT_ID]
+        assert outcome.error_code == 11, outcome
+        assert outcome.output['msg'].startswith(
+            'timed out waiting for the VIFs of pod default/%s (UID %s) to be %s'
+            % (POD, UID, missing)), outcome.output
+        assert runtime.delete(sandbox).ok
+        assert br_int.ports('br-int') == set()
+    finally:
+        node.stop_daemon()
+
+
 @pytest.mark.parametrize('vif_timeout', [20])
 def test_linux_bridge_port_turns_active_only_once_plugged(node, vif_timeout, runtime):
     node.start_daemon(workers=2, vif_timeout=vif_timeout, extra=KURYRPORT)

@@ -213,12 +213,18 @@ def plugin_dir(tmp_path, shim_binary):
 
 @pytest.mark.parametrize('where', ['etc/cni', 'daemonset'])
 def test_the_shipped_conflist_runs_on_this_libcni(world, client, plugin_dir, tmp_path, where):
-    conflist = installed(shipped_conflist(where), world, tmp_path)
+    shipped = shipped_conflist(where)
+    # cniVersion for libcni before 1.2 (which ignores the list); the newest of cniVersions
+    # (GC, STATUS) for the libcni that reads it and 1.1.0 results.
+    assert json.loads(shipped)['cniVersion'] == '1.0.0'
+    assert json.loads(shipped)['cniVersions'] == ['1.0.0', '1.1.0']
+    conflist = installed(shipped, world, tmp_path)
     cache = str(tmp_path / 'libcni-cache')
     sandbox, index = world.pod(world.runtime('1.0.0'))
     added = run(client, 'add', conflist, plugin_dir, cache, sandbox)
     assert 'error' not in added, added
-    assert added['result']['cniVersion'] in libcni_versions()
+    assert added['result']['cniVersion'] == ('1.1.0' if '1.1.0' in libcni_versions()
+                                             else '1.0.0')
     assert [ip['address'] for ip in added['result']['ips']] == [cni_world.address(index)]
     assert world.host.ping(sandbox.netns, testhost.GATEWAY)
     assert run(client, 'check', conflist, plugin_dir, cache, sandbox) == {}

@@ -252,8 +252,9 @@ def test_item7_a_socket_full_of_slow_clients_fails_readiness_then_recovers(node,
         wait.until(lambda: dropped(node, 'cni', 'evicted') == 20, 20, '20 evictions')
         assert _connections(node) == (20, 20)
         assert helpers.metric(node, 'kuryr_cni_ready') == 0
-        assert runtime.status().error_code == 50
-        # A real request still gets in: the oldest slow client makes room.
+        # But STATUS succeeds: a real request still gets in, the oldest slow client
+        # making room, so the runtime need not stop starting pods.
+        assert runtime.status().ok
         outcome = runtime.add(pod)
         assert outcome.ok, outcome
         assert dropped(node, 'cni', 'evicted') == 21

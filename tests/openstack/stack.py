@@ -15,9 +15,12 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
+import threading
+import time
 import urllib.parse
 
 import yaml
@@ -98,6 +101,17 @@ class Stack:
         """Stop everything, or the one process named (e.g. ``kuryr-controller``)."""
         subprocess.run([TOOL, 'stop', self.dir, *([what] if what else [])], check=True,
                        capture_output=True, timeout=120)
+
+    def hold(self, name):
+        """Freeze the stack's process ``name`` (SIGSTOP) until :meth:`release`."""
+        os.kill(self._pid(name), signal.SIGSTOP)
+
+    def release(self, name):
+        os.kill(self._pid(name), signal.SIGCONT)
+
+    def _pid(self, name):
+        with open(os.path.join(self.dir, 'run', name + '.pid')) as f:
+            return int(f.read())
 
     def close(self):
         subprocess.run([TOOL, 'stop', self.dir], capture_output=True, timeout=180)
@@ -237,10 +251,22 @@ class Stack:
 
     def plugged(self, port_id):
         """The br-int port whose Interface names Neutron port ``port_id``, or None."""
-        for name, ids in self.br_int_ports().items():
-            if ids.get('iface-id') == port_id:
-                return name
-        return None
+        return next((name for name, ids in self.br_int_ports().items()
+                     if ids.get('iface-id') == port_id), None)
+
+    def plugged_interface(self, port_id):
+        """The external_ids of the br-int Interface naming Neutron port ``port_id``, or None."""
+        return next((ids for ids in self.br_int_ports().values()
+                     if ids.get('iface-id') == port_id), None)
+
+    def watch_interfaces(self):
+        """An :class:`InterfaceWatch` of this stack's Open vSwitch (a context manager)."""
+        return InterfaceWatch(self.env['OVSDB'])
+
+    def nbctl(self, *args):
+        return subprocess.run([os.path.join(self.env['OVN_BIN'], 'ovn-nbctl'),
+                               '--db=' + self.env['OVN_NB'], '--timeout=20', *args],
+                              check=True, capture_output=True, text=True, timeout=30).stdout
 
     def run_in(self, pod_netns_path, *command, timeout=30):
         return subprocess.run(['ip', 'netns', 'exec', os.path.basename(pod_netns_path),
@@ -258,3 +284,47 @@ class Stack:
                 '\n[binding]\novsdb_connection = %s\n'
                 % (self.node, vif_timeout, self.env['K8S_URL'], self.env['K8S_DAEMON_TOKEN'],
                    self.env['K8S_CA'], self.env['OVSDB']))
+
+
+class InterfaceWatch:
+    """When each Neutron port's Interface appeared, and got ovn-installed, to the millisecond.
+
+    ``ovsdb-client monitor`` streams every change of the Interface table as it
+    is committed; a thread stamps each line as it arrives. :attr:`plugged` and
+    :attr:`installed` map a port ID (``iface-id``) to a ``time.monotonic()``.
+    """
+
+    def __init__(self, connection):
+        self.plugged = {}
+        self.installed = {}
+        self._proc = subprocess.Popen(
+            ['ovsdb-client', 'monitor', connection, 'Open_vSwitch', 'Interface',
+             'external_ids', '--format=json', '--data=json'],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self):
+        for line in self._proc.stdout:
+            now = time.monotonic()
+            try:
+                rows = json.loads(line).get('data', [])
+            except ValueError:
+                continue
+            for row in rows:
+                if row[1] not in ('initial', 'insert', 'new'):
+                    continue
+                ids = dict(row[2][1]) if isinstance(row[2], list) else {}
+                port_id = ids.get('iface-id')
+                if port_id:
+                    self.plugged.setdefault(port_id, now)
+                    if ids.get('ovn-installed') == 'true':
+                        self.installed.setdefault(port_id, now)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._proc.kill()
+        self._proc.wait(10)
+        self._thread.join(10)

@@ -48,7 +48,7 @@ def shape(value):
 
 def test_the_fixtures_are_what_kuryr_controller_writes(stack, node, runtime, pods):
     # A pod taken all the way (a port never plugged would hold up its deletion).
-    started = steps.start_pod(stack, node, runtime, pods)
+    started = steps.start_pod(stack, node, runtime, pods, wait_for=('KuryrPort active',))
     assert started.outcome.ok, started.outcome.output
     pod = started.pod
     real = recorded(stack.kuryrport(pod['metadata']['name']))

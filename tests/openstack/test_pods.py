@@ -8,8 +8,8 @@ from tests.openstack import steps
 from tests.openstack import tcp
 
 
-def _started(stack, node, runtime, pods):
-    started = steps.start_pod(stack, node, runtime, pods)
+def _started(stack, node, runtime, pods, wait_for=()):
+    started = steps.start_pod(stack, node, runtime, pods, wait_for)
     assert started.outcome.ok, (started.outcome.output, node.log_tail())
     for step in steps.STEPS:
         if step in started.at:
@@ -17,15 +17,17 @@ def _started(stack, node, runtime, pods):
     return started
 
 
-def test_add_plugs_into_br_int_and_answers_once_neutron_says_active(
+def test_add_plugs_into_br_int_and_answers_once_ovn_installed_its_flows(
         stack, node, runtime, pods):
-    started = _started(stack, node, runtime, pods)
+    started = _started(stack, node, runtime, pods, wait_for=steps.STEPS[:-1])
     at = started.at
-    # Each part did its step, in causal order: nothing turned ACTIVE before the daemon
-    # plugged, and the ADD answered only after kuryr-controller saw ACTIVE.
+    # Each part did its step, in causal order: nothing was installed by OVN or turned
+    # ACTIVE before the daemon plugged, and the ADD answered only once OVN had installed
+    # the port's flows (ready_signal = first; ACTIVE reaches the KuryrPort later).
     assert set(at) == set(steps.STEPS), at
-    assert at['port created'] <= at['KuryrPort written'] <= at['plugged'] <= at['ACTIVE'] \
-        <= at['KuryrPort active'] <= at['ADD answered'], at
+    assert at['port created'] <= at['KuryrPort written'] <= at['plugged'] \
+        <= at['ovn-installed'] <= at['ADD answered'], at
+    assert at['plugged'] <= at['ACTIVE'] <= at['KuryrPort active'], at
     port = stack.port(started.port_id)
     assert port['status'] == 'ACTIVE'
     assert port['binding:host_id'] == stack.node
@@ -57,7 +59,9 @@ def _in(pod):
 
 
 def test_deleted_pod_leaves_nothing_behind(stack, node, runtime, pods):
-    started = _started(stack, node, runtime, pods)
+    # Deleted once kuryr-controller has seen it ACTIVE: a port unplugged before holds up
+    # its own deletion behind kuryr-controller's activation retries (see conftest.pods).
+    started = _started(stack, node, runtime, pods, wait_for=('KuryrPort active',))
     assert runtime.delete(started.sandbox).ok
     assert stack.plugged(started.port_id) is None
     stack.wait_for_status(started.port_id, 'DOWN')

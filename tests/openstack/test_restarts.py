@@ -3,6 +3,8 @@
 import concurrent.futures
 import time
 
+import pytest
+
 from tests.openstack import steps
 
 
@@ -23,18 +25,27 @@ def test_daemon_restarted_while_pods_run(stack, node, runtime, pods):
     assert stack.port(a.port_id)['status'] == 'ACTIVE'
 
 
-def test_kuryr_controller_restarted_while_a_pod_is_created(stack, node, runtime, pods):
+@pytest.mark.parametrize('ready_signal', ['first', 'active'])
+def test_kuryr_controller_restarted_while_a_pod_is_created(
+        stack, node, runtime, pods, ready_signal):
+    node.stop_daemon()
+    node.start_daemon(extra='\n[cni_daemon]\nready_signal = %s\n' % ready_signal)
     pod = pods()
     vif = stack.wait_for_vif(pod['metadata']['name'])
     port_id = vif['versioned_object.data']['id']
     # kuryr-controller is gone before it could see the port ACTIVE: the ADD plugs, Neutron
-    # turns the port ACTIVE, and only the restarted controller can tell the daemon.
+    # turns the port ACTIVE, and only the restarted controller can tell the daemon; OVN's
+    # ovn-installed tells it on the node.
     stack.stop('kuryr-controller')
     sandbox = steps.sandbox_of(node, pod)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         add = pool.submit(runtime.add, sandbox)
         stack.wait_for_status(port_id, 'ACTIVE')
-        assert not add.done()
+        if ready_signal == 'first':
+            outcome = add.result(timeout=60)
+            assert outcome.ok, (outcome.output, node.log_tail())
+        else:
+            assert not add.done()
         stack.start()
         outcome = add.result(timeout=120)
     assert outcome.ok, (outcome.output, node.log_tail())
@@ -50,17 +61,20 @@ def test_a_port_that_never_turns_active_fails_the_add_in_time(stack, node, runti
     stack.stop('ovn-controller')
     try:
         pod = pods()
+        # The KuryrPort first: on a loaded machine kuryr-controller may take longer than
+        # vif_timeout to write it, and the ADD would time out on that instead.
+        port_id = stack.wait_for_vif(pod['metadata']['name'])['versioned_object.data']['id']
         sandbox = steps.sandbox_of(node, pod)
         started = time.monotonic()
         outcome = runtime.add(sandbox)
         took = time.monotonic() - started
         assert outcome.error_code == 11, outcome.output
         assert took < vif_timeout + 5, took
-        port_id = stack.wait_for_vif(pod['metadata']['name'])['versioned_object.data']['id']
         assert stack.port(port_id)['status'] == 'DOWN'
         reasons = {e['reason'] for e in stack.events()
                    if e['involvedObject'].get('uid') == pod['metadata']['uid']}
-        assert {'CNIWaitingForActiveVIFs', 'CNITimedOutWaitingForActiveVIFs'} <= reasons, reasons
+        assert {'CNIWaitingForActiveVIFs', 'CNITimedOutWaitingForActiveVIFs'} <= reasons, \
+            (reasons, outcome.output, node.log_tail())
         assert runtime.delete(sandbox).ok
         assert stack.plugged(port_id) is None
     finally:
@@ -71,4 +85,4 @@ def test_a_port_that_never_turns_active_fails_the_add_in_time(stack, node, runti
     retried = steps.sandbox_of(node, pod, 'sandbox-%s-2' % pod['metadata']['name'])
     outcome = runtime.add(retried)
     assert outcome.ok, (outcome.output, node.log_tail())
-    assert stack.port(port_id)['status'] == 'ACTIVE'
+    stack.wait_for_status(port_id, 'ACTIVE')

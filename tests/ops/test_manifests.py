@@ -231,6 +231,7 @@ def test_configmap_conflist_is_the_kuryr_network(configmap):
     conflist = json.loads(configmap['data']['10-kuryr.conflist'])
     assert conflist == {
         'cniVersion': '1.0.0',
+        'cniVersions': ['1.0.0', '1.1.0'],
         'name': 'kuryr',
         'plugins': [{'type': 'kuryr-cni', 'daemon_socket': SOCKET, 'timeout': 110,
                      'state_dir': STATE_DIR}],

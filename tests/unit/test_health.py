@@ -98,6 +98,8 @@ def test_a_saturated_socket_is_alive_but_not_ready_until_a_worker_has_room(regis
     facts = health.judge(registry)
     assert (facts['alive'], facts['ready'], facts['socket_saturated']) == (True, False, True)
     assert facts['problems'] == ['CNI socket saturated']
+    # An ADD still gets in (it waits in the backlog): STATUS's judgement holds.
+    assert (facts['serves_adds'], facts['add_problems']) == (True, [])
     registry.status.set_saturated('cni-worker', 0, False)
     assert health.judge(registry)['ready']
 
@@ -118,6 +120,7 @@ def test_shutting_down_is_not_ready_and_draining_workers_need_no_beat(registry):
     facts = health.judge(registry)
     assert (facts['alive'], facts['ready'], facts['workers']) == (True, False, 2)
     assert facts['problems'] == ['shutting down']
+    assert (facts['serves_adds'], facts['add_problems']) == (False, ['shutting down'])
 
 
 def test_a_dead_registry_manager_fails_everything():
@@ -125,8 +128,9 @@ def test_a_dead_registry_manager_fails_everything():
     _healthy(reg)
     assert health.judge(reg)['ready']
     manager.shutdown()
-    assert health.judge(reg) == {'alive': False, 'ready': False, 'registry': False,
-                                 'problems': ['registry unavailable']}
+    assert health.judge(reg) == {'alive': False, 'ready': False, 'serves_adds': False,
+                                 'registry': False, 'problems': ['registry unavailable'],
+                                 'add_problems': ['registry unavailable']}
 
 
 def test_heartbeat_writes_at_most_once_per_interval(registry):

@@ -86,6 +86,18 @@ def test_a_later_file_of_ours_overrides_its_names(tmp_path):
     assert (conf.cni_daemon.worker_count, conf.health.port) == (5, 8095)
 
 
+def test_a_nested_node_does_not_require_the_ovs_bridge(tmp_path):
+    # kuryr-daemon checked [neutron_defaults] ovs_bridge in its Open vSwitch driver
+    # alone; a nested node (its pods on VLANs of link_iface) has no br-int.
+    path = fixtures.kuryr_kubernetes_conf(tmp_path)
+    path.write_text(path.read_text().replace('\nlink_iface =\n', '\nlink_iface = eth0\n'))
+    conf, notes = _loaded(path)
+    assert conf.binding.required_bridges == []
+    assert config.Note(logging.INFO, '%s: [neutron_defaults] ovs_bridge is not required on '
+                       'this nested node ([binding] link_iface = eth0): kuryr-daemon checked '
+                       'it only for Open vSwitch VIFs' % path) in notes
+
+
 def test_old_daemon_options_of_any_release_are_named(tmp_path):
     path = tmp_path / 'kuryr.conf'
     path.write_text('[cni_daemon]\ndaemon_enabled = True\n')

@@ -202,6 +202,23 @@ def test_a_wait_without_change_ends_at_its_timeout(reg):
     assert not reg.changes.wait('demo/web-0', seen, 0.05)
 
 
+def test_a_wake_of_the_waiters_own_ends_its_wait_and_no_other(reg):
+    seen = reg.changes.version('demo/web-0')
+    wake, other = threading.Event(), threading.Event()
+    woken = []
+    waiters = [threading.Thread(target=lambda e=e: woken.append(
+        (e, reg.changes.wait('demo/web-0', seen, 30, e)))) for e in (wake, other)]
+    for waiter in waiters:
+        waiter.start()
+    wake.set()
+    waiters[0].join(10)
+    assert woken == [(wake, True)]
+    assert waiters[1].is_alive()
+    reg.pods.put('demo/web-0', {'uid': 'u'})      # the registry's own change ends the other
+    waiters[1].join(10)
+    assert woken == [(wake, True), (other, True)]
+
+
 def _child_puts_one_pod(reg, key, count):
     for _ in range(count):
         reg.put_pod(key, {'uid': 'u'})

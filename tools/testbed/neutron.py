@@ -21,6 +21,12 @@ What counts as a port's host side:
 
 :attr:`activations` records when each port turned active (monotonic time),
 so tests can say it happened after the plug and not before.
+
+With ``ovn_installed``, it also plays ovn-controller's part on the private
+Open vSwitch: once a served ``ovs`` VIF's Interface exists (the plug made
+it), it sets ``external_ids:ovn-installed=true`` on it, never before
+(:attr:`installations`: when, per port). With ``activate=False`` it never
+marks anything active: a control plane whose ACTIVE is late or lost.
 """
 
 import json
@@ -40,11 +46,15 @@ class StandInNeutron:
     or None.
     """
 
-    def __init__(self, node, ovs=None, interval=0.02):
+    def __init__(self, node, ovs=None, interval=0.02, ovn_installed=False, activate=True):
         self.node = node
         self.ovs = ovs
         self.interval = interval
+        self.ovn_installed = ovn_installed
+        self.activate = activate
         self.activations = {}        # port id -> time.monotonic() when marked active
+        self.installations = {}      # port id -> time.monotonic() when ovn-installed was set
+        self._installed = set()      # names of the Interfaces it was set on
         self._served = {}            # (namespace, name) -> 'kuryrport' | 'annotation'
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -94,6 +104,10 @@ class StandInNeutron:
                 vif_model.ANNOTATION)
             entries = json.loads(text) if text else {}
             vifs = vif_model.parse_annotation(text) if text else {}
+        if self.ovn_installed:
+            self._install(vifs.values())
+        if not self.activate:
+            return
         plugged = [ifname for ifname, vif in vifs.items()
                    if not vif.active and self._host_side_exists(vif)]
         if not plugged:
@@ -110,6 +124,17 @@ class StandInNeutron:
                                                                         vifs=entries))
         else:
             self.node.api.set_vifs(namespace, name, entries)
+
+    def _install(self, vifs):
+        """Set ovn-installed on each new Interface of the served ``ovs`` VIFs' ports."""
+        for vif in vifs:
+            if vif.kind != 'ovs':
+                continue
+            for name in self._ovs_interface(vif.port_id).split():
+                if name not in self._installed:
+                    self.ovs.vsctl('set', 'Interface', name, 'external_ids:ovn-installed=true')
+                    self._installed.add(name)
+                    self.installations.setdefault(vif.port_id, time.monotonic())
 
     # What Neutron would see ----------------------------------------------------------
 
