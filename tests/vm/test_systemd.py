@@ -57,10 +57,10 @@ VLAN_ID = 101
 POD_GATEWAY = '10.0.0.1'        # dual_stack_network's; on VLAN 101 of the kernel guest
 POD = 'web-0'
 UID = 'uid-web-0'
-# CAP_DAC_OVERRIDE (1), CAP_NET_ADMIN (12), CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21)
-# The unit's CapabilityBoundingSet: CHOWN, DAC_OVERRIDE, SETGID, SETUID, SETPCAP,
-# NET_ADMIN, SYS_PTRACE, SYS_ADMIN. The watcher and ops empty it when they drop root.
-CAP_BND = '%016x' % sum(1 << bit for bit in (0, 1, 6, 7, 8, 12, 19, 21))
+# The unit's CapabilityBoundingSet: CHOWN (0), DAC_OVERRIDE (1), KILL (5), SETGID (6),
+# SETUID (7), SETPCAP (8), NET_ADMIN (12), SYS_PTRACE (19), SYS_ADMIN (21). The watcher
+# and ops empty it when they drop root.
+CAP_BND = '%016x' % sum(1 << bit for bit in (0, 1, 5, 6, 7, 8, 12, 19, 21))
 NO_CAPS = '%016x' % 0
 UNPRIVILEGED_ROLES = ('watcher', 'ops')
 WEB_1_PORT = '8c5f3a10-2f4e-4c3b-9a61-0d6f2b7e4a26'   # web-0's is fx.PORT_ID
