@@ -544,8 +544,8 @@ def test_systemctl_stop_and_start_under_a_stream_of_adds_replays_the_dels(servic
         _drop_namespaces(service, 'stopstart')
 
 
-def test_a_reboot_with_pods_recovers_bindings_and_the_runtime_dels_clean_up(service,
-                                                                             stream_pods):
+def test_a_reboot_with_pods_recovers_bindings_and_the_runtime_dels_clean_up(
+        service, stream_pods):
     pods = stream_pods('reboot', 2)
     sandboxes = ['%s-s' % pod['name'] for pod in pods]
     try:
