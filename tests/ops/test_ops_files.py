@@ -112,8 +112,9 @@ def test_unit_directories_are_the_daemons_defaults():
 
 
 # The watcher's and ops' drop to [cni_daemon] unprivileged_user (privileges.drop), and
-# the run dir's shared directories given to that user's group (privileges.shared_dir).
-DROP_CAPS = {'CAP_SETUID', 'CAP_SETGID', 'CAP_SETPCAP', 'CAP_CHOWN'}
+# the run dir's shared directories given to that user's group (privileges.shared_dir),
+# and the parent's SIGTERM to the dropped processes at shutdown (CAP_KILL).
+DROP_CAPS = {'CAP_SETUID', 'CAP_SETGID', 'CAP_SETPCAP', 'CAP_CHOWN', 'CAP_KILL'}
 
 
 def test_unit_bounds_memory_as_the_daemonset_does():

@@ -87,6 +87,14 @@ class Guests:
                                command], capture_output=True, text=True, timeout=timeout + 60)
         return Result(proc.returncode, proc.stdout + proc.stderr)
 
+    def reboot(self, name):
+        """Power guest ``name`` off and boot it again over its disk; ``tools/vm``'s account."""
+        proc = subprocess.run([TOOL, 'reboot', self.directory, name], capture_output=True,
+                              text=True, timeout=STOP_TIMEOUT + START_TIMEOUT)
+        assert proc.returncode == 0, 'tools/vm reboot failed (%d):\n%s%s' % (
+            proc.returncode, proc.stdout, proc.stderr)
+        return proc.stdout
+
     def memory_mib(self, name):
         """What guest ``name`` holds of the host's memory: the resident pages of its RAM.
 

@@ -22,10 +22,20 @@ namespace) while ADD, CHECK and DEL through the installed shim plug a real
 other guest; one journal line per request; the watchdog killing and restarting a daemon
 stopped with SIGSTOP, the pod keeping its network and its DEL answered after;
 and ``systemctl restart`` with a pod plugged and an ADD sent meanwhile.
+
+Then the unit acted on under a stream of ADDs (:mod:`tests.vm.guest_stream`):
+``systemctl restart``, and ``systemctl stop`` with DELs sent while stopped,
+then ``start``: every ADD answered, every pod started plugged in the end and
+pinging its gateway on its own VLAN, failed ADDs leaving nothing, the queued
+DELs replayed, one journal line per request. Last, a reboot of the guest with
+two pods: their bindings recovered, the runtime's DELs for the dead sandboxes
+leaving nothing behind.
 """
 
+import collections
 import json
 import re
+import shlex
 import socket
 import time
 
@@ -47,10 +57,10 @@ VLAN_ID = 101
 POD_GATEWAY = '10.0.0.1'        # dual_stack_network's; on VLAN 101 of the kernel guest
 POD = 'web-0'
 UID = 'uid-web-0'
-# CAP_DAC_OVERRIDE (1), CAP_NET_ADMIN (12), CAP_SYS_PTRACE (19), CAP_SYS_ADMIN (21)
-# The unit's CapabilityBoundingSet: CHOWN, DAC_OVERRIDE, SETGID, SETUID, SETPCAP,
-# NET_ADMIN, SYS_PTRACE, SYS_ADMIN. The watcher and ops empty it when they drop root.
-CAP_BND = '%016x' % sum(1 << bit for bit in (0, 1, 6, 7, 8, 12, 19, 21))
+# The unit's CapabilityBoundingSet: CHOWN (0), DAC_OVERRIDE (1), KILL (5), SETGID (6),
+# SETUID (7), SETPCAP (8), NET_ADMIN (12), SYS_PTRACE (19), SYS_ADMIN (21). The watcher
+# and ops empty it when they drop root.
+CAP_BND = '%016x' % sum(1 << bit for bit in (0, 1, 5, 6, 7, 8, 12, 19, 21))
 NO_CAPS = '%016x' % 0
 UNPRIVILEGED_ROLES = ('watcher', 'ops')
 WEB_1_PORT = '8c5f3a10-2f4e-4c3b-9a61-0d6f2b7e4a26'   # web-0's is fx.PORT_ID
@@ -110,11 +120,20 @@ class Service:
         out = self.sh('cat /sys/fs/cgroup/system.slice/%s.service/cgroup.procs' % UNIT)
         return [int(pid) for pid in out.check('cgroup.procs').split()]
 
-    def cni(self, command, container_id, netns_name, pod=POD, uid=UID):
-        out = self.sh('cd %s && PYTHONPATH=%s /opt/kuryr-cni/bin/python -m tests.vm.guest_cni '
-                      '%s %s %s %s %s' % (REPO, REPO, command, container_id, netns_name, pod,
-                                          uid), timeout=180).check('CNI ' + command)
+    def python(self, module, *args, timeout=180):
+        """Run ``module`` of the checkout with the daemon's virtualenv; its last line, decoded."""
+        out = self.sh('cd %s && PYTHONPATH=%s /opt/kuryr-cni/bin/python -m %s %s' % (
+            REPO, REPO, module, ' '.join(shlex.quote(arg) for arg in args)),
+            timeout=timeout).check(' '.join((module,) + args[:1]))
         return json.loads(out.strip().splitlines()[-1])
+
+    def cni(self, command, container_id, netns_name, pod=POD, uid=UID):
+        return self.python('tests.vm.guest_cni', command, container_id, netns_name, pod, uid)
+
+    def facts(self, *netns_names, ping=None):
+        """:mod:`tests.vm.guest_facts` of these namespaces."""
+        return self.python('tests.vm.guest_facts', *(('--ping', ping) if ping else ()),
+                           *netns_names)
 
     def journal(self):
         return self.sh('journalctl -u %s -o cat --no-pager' % UNIT).check('journalctl')
@@ -314,3 +333,247 @@ def test_systemctl_restart_keeps_pods_and_an_add_sent_meanwhile_gets_through(ser
             assert service.cni('del', sandbox, netns_name, pod=pod, uid=uid)['code'] == 0
     finally:
         service.sh('ip netns del pod-c; ip netns del pod-d')
+
+
+# --- A stream of ADDs across restarts, and a reboot ---------------------------------------
+
+# One VLAN per stream pod (each a subport of its own): VLAN 110 + i and 10.0.0.(10 + i) for
+# pod i, in POD_GATEWAY's /26. In the kernel guest, one namespace holds a device per VLAN,
+# each with POD_GATEWAY/32 and a route to its pod's address alone, so every pod's ARP and
+# ping are answered on its own VLAN. (A bridge over those devices answered no ARP: they share
+# one MAC.)
+STREAM_GATEWAY_NETNS = 'stream-gw'
+STREAM_VLANS = range(110, 150)
+STREAM_THREADS = 2
+STREAM_PODS = 12    # at most: the pods of a stream not started when it ends stay unused
+STREAM_DEADLINE = 420
+STREAM_PAUSE = 1     # seconds between a thread's ADDs
+STREAM_AFTER = 2     # pods plugged after the last action
+JOURNAL_LAG = 60    # seconds journald may take to store lines already written
+_REPLAYED = re.compile(r'Replayed queued DEL \S+ for (\S+): ')
+
+
+@pytest.fixture(scope='module')
+def stream_pods(service):
+    """A function making ``count`` pods named ``PREFIX-i``, each with a KuryrPort of one
+    VLAN VIF; POD_GATEWAY answers on every stream VLAN in the kernel guest."""
+    links = '\n'.join('link add link vec0 name vec0.{0} netns {1} type vlan id {0}'.format(
+        vlan, STREAM_GATEWAY_NETNS) for vlan in STREAM_VLANS)
+    routes = '\n'.join('addr add {gw}/32 dev vec0.{v}\nlink set vec0.{v} up\n'
+                       'route add 10.0.0.{n}/32 dev vec0.{v}'.format(
+                           gw=POD_GATEWAY, v=vlan, n=vlan - 100) for vlan in STREAM_VLANS)
+    service.guests.run(vm.KERNEL, 'ip netns add {0} && ip -batch - <<EOF && ip -n {0} -batch - '
+                       '<<EOF2\n{1}\nEOF\n{2}\nEOF2'.format(STREAM_GATEWAY_NETNS, links, routes)
+                       ).check('the stream gateway')
+    vlans = iter(STREAM_VLANS)
+
+    def make(prefix, count):
+        pods = []
+        for i in range(count):
+            vlan = next(vlans)
+            name, uid = '%s-%d' % (prefix, i), 'uid-%s-%d' % (prefix, i)
+            n = vlan - 100
+            port = '8c5f3a10-2f4e-4c3b-9a61-%012x' % vlan
+            service.api.create_pod('default', name, vm.SYSTEMD, uid=uid)
+            service.api.create_kuryrport(
+                'default', name, vm.SYSTEMD,
+                spec={'podUid': uid, 'podStatic': False, 'podNodeName': vm.SYSTEMD},
+                status={'vifs': fx.status_vifs(fx.vlan_vif(vlan_id=vlan, n=n, id=port))})
+            pods.append({'name': name, 'uid': uid, 'address': '10.0.0.%d' % n})
+        return pods
+
+    try:
+        yield make
+    finally:
+        service.guests.run(vm.KERNEL, 'ip netns del %s' % STREAM_GATEWAY_NETNS)
+
+
+def _drop_namespaces(service, prefix):
+    service.sh("ip netns list | awk '$1 ~ /^%s-/ {print $1}' | xargs -r -n1 ip netns del"
+               % prefix)
+
+
+def _request_lines(service, command, expected):
+    """The container IDs of ``command``'s journal lines, once journald holds ``expected``.
+
+    journald reads each process's stream on its own, so a line written before
+    another may be stored after it: a bounded wait, then the account as it is.
+    """
+    def lines():
+        return [cid for c, _pod, cid, _ in _REQUEST.findall(service.journal()) if c == command]
+
+    try:
+        return wait.until(lambda: set(expected) <= set(lines()) and lines(), JOURNAL_LAG,
+                          'the journal lines of %s' % sorted(expected), interval=2)
+    except AssertionError:
+        return lines()
+
+
+def _stream(service, pods, before, actions):
+    """Run the stream in the guest, print its figures; the result of tests.vm.guest_stream."""
+    spec = {'pods': [[pod['name'], pod['uid']] for pod in pods], 'threads': STREAM_THREADS,
+            'before': before, 'actions': actions, 'after': STREAM_AFTER, 'pause': STREAM_PAUSE,
+            'deadline': STREAM_DEADLINE}
+    result = service.python('tests.vm.guest_stream', json.dumps(spec),
+                            timeout=STREAM_DEADLINE + 120)
+    attempts = result['attempts']
+    failed = [a for a in attempts if a['code'] != 0]
+    longest = max(attempts, key=lambda a: a['seconds'])
+    print('%s: %d ADDs, %d failed (%s), longest %.1f s (%s, code %s); %s' % (
+        pods[0]['name'].rsplit('-', 1)[0], len(attempts), len(failed),
+        ', '.join(sorted({_reason(a) for a in failed})) or '-', longest['seconds'],
+        longest['sandbox'], longest['code'],
+        '; '.join('%s %.1f s' % (a['action'], a['seconds']) for a in result['actions'])))
+    return result
+
+
+def _stopping(attempt):
+    """Whether a failed ADD's answer came from a daemon being stopped."""
+    return attempt['code'] != 0 and any(
+        words in json.dumps(attempt['output']) for words in (
+            'registry unavailable', 'malformed response'))
+
+
+def _reason(attempt):
+    output = attempt['output'] or {}
+    unexpected = output.get('code') == 999      # the details say what went wrong
+    return '%s %s%s' % (output.get('code'), output.get('msg'),
+                        ' [%s]' % str(output.get('details'))[:160] if unexpected else '')
+
+
+def _check_stream(service, pods, result, deleted=()):
+    """The invariants of a stream: nothing lost, nothing left, one journal line a request."""
+    attempts = result['attempts']
+    assert result['unfinished'] == 0, result
+    # Every ADD answered: success, or a CNI error with its code.
+    unanswered = [a for a in attempts
+                  if a['code'] != 0 and not isinstance((a['output'] or {}).get('code'), int)]
+    assert not unanswered, unanswered
+    # Nothing lost: every pod started plugged in the end, once.
+    plugged = {a['pod']: a for a in attempts if a['code'] == 0}
+    assert sorted(plugged) == sorted({a['pod'] for a in attempts}), attempts
+    assert sorted(result['plugged']) == sorted(a['sandbox'] for a in plugged.values())
+    failed = [a for a in attempts if a['code'] != 0]
+    facts = service.facts(*(a['sandbox'] for a in attempts), ping=POD_GATEWAY)
+    bindings = {b['pod']: b for b in facts['bindings']}
+    # Every pod that got its answer is connected: its eth0, its address, a ping across its
+    # VLAN; its binding owned by that sandbox. A pod whose DEL was sent is unplugged.
+    for pod in (pod for pod in pods if pod['name'] in plugged):   # the pods left over:
+        sandbox = plugged[pod['name']]['sandbox']                  # never started
+        here = facts['netns'][sandbox]
+        if sandbox in deleted:
+            assert here['eth0'] is None, (pod, here)
+            assert 'default/' + pod['name'] not in bindings, bindings
+            continue
+        addresses = [a['local'] for a in (here['eth0'] or {}).get('addr_info', ())]
+        assert pod['address'] in addresses and here['ping'], (pod, here)
+        assert bindings['default/' + pod['name']]['owner'] == sandbox, bindings
+    # A failed ADD left nothing: no eth0 in its namespace, no sandbox in any binding.
+    held = {cid for b in bindings.values() for cid in b['sandboxes']}
+    for attempt in failed:
+        assert facts['netns'][attempt['sandbox']]['eth0'] is None, (attempt, facts)
+        assert attempt['sandbox'] not in held, (attempt, bindings)
+    assert facts['state']['del-queue'] == [], facts['state']
+    # One journal line per ADD that reached a daemon; none for the shim's own answer.
+    reached = {a['sandbox'] for a in attempts
+               if 'unreachable' not in json.dumps(a['output'] or {})}
+    lines = collections.Counter(_request_lines(service, 'ADD', reached))
+    wrong = [(a, lines[a['sandbox']]) for a in attempts
+             if lines[a['sandbox']] != (a['sandbox'] in reached)
+             and not (lines[a['sandbox']] == 0 and _stopping(a))]
+    assert not wrong, (wrong, service.journal()[-3000:])
+    # A daemon being stopped may answer without the line (seen in these runs, and in the
+    # older test above): counted and shown, for issue 34's restart work.
+    lacking = [a for a in attempts if a['sandbox'] in reached and not lines[a['sandbox']]]
+    if lacking:
+        print('%d ADDs answered by a stopping daemon without their journal line: %s' % (
+            len(lacking), '; '.join('%s %s' % (a['sandbox'], _reason(a)) for a in lacking)))
+    return plugged
+
+
+def _unplug_all(service, pods, plugged, deleted=()):
+    """DEL every pod still plugged; then nothing of them is left."""
+    for pod in (pod for pod in pods if pod['name'] in plugged):
+        sandbox = plugged[pod['name']]['sandbox']
+        if sandbox not in deleted:
+            assert service.cni('del', sandbox, sandbox, pod=pod['name'],
+                               uid=pod['uid'])['code'] == 0
+    facts = service.facts(*(a['sandbox'] for a in plugged.values()))
+    assert all(here['eth0'] is None for here in facts['netns'].values()), facts
+    names = {'default/' + pod['name'] for pod in pods}
+    assert not names & {b['pod'] for b in facts['bindings']}, facts['bindings']
+    assert facts['host_vlans'] == [] and facts['state'] == {
+        'bindings': [], 'locks': [], 'del-queue': []}, facts
+
+
+def test_systemctl_restart_under_a_stream_of_adds_loses_nothing(service, stream_pods):
+    pods = stream_pods('restart', STREAM_PODS)
+    try:
+        result = _stream(service, pods, before=2,
+                         actions=['systemctl restart %s' % UNIT])
+        assert result['actions'][0]['rc'] == 0, result['actions']
+        plugged = _check_stream(service, pods, result)
+        _unplug_all(service, pods, plugged)
+    finally:
+        _drop_namespaces(service, 'restart')
+
+
+def test_systemctl_stop_and_start_under_a_stream_of_adds_replays_the_dels(service,
+                                                                          stream_pods):
+    pods = stream_pods('stopstart', STREAM_PODS)
+    try:
+        result = _stream(service, pods, before=3, actions=[
+            'systemctl stop %s' % UNIT,
+            ['failures', STREAM_THREADS],           # the ADDs find no daemon...
+            ['dels', 2],                            # ...and the DELs are queued
+            'ls /var/lib/kuryr-cni/del-queue',
+            'systemctl start %s' % UNIT,
+        ])
+        stop, _failures, _dels, queue_listing, start = result['actions']
+        assert stop['rc'] == 0 and start['rc'] == 0, result['actions']
+        deleted = [d['sandbox'] for d in result['deleted']]
+        assert len(deleted) == 2 and all(d['code'] == 0 for d in result['deleted']), result
+        assert len(queue_listing['output'].split()) == 2, queue_listing
+        plugged = _check_stream(service, pods, result, deleted=deleted)
+        # Each queued DEL replayed once by the started daemon, before its READY=1.
+        replayed = _REPLAYED.findall(service.journal())
+        assert sorted(cid for cid in replayed if cid.startswith('stopstart-')) == sorted(
+            deleted), service.journal()[-3000:]
+        _unplug_all(service, pods, plugged, deleted=deleted)
+    finally:
+        _drop_namespaces(service, 'stopstart')
+
+
+def test_a_reboot_with_pods_recovers_bindings_and_the_runtime_dels_clean_up(
+        service, stream_pods):
+    pods = stream_pods('reboot', 2)
+    sandboxes = ['%s-s' % pod['name'] for pod in pods]
+    try:
+        for pod, sandbox in zip(pods, sandboxes):
+            service.sh('ip netns add %s' % sandbox).check('the pod namespace')
+            assert service.cni('add', sandbox, sandbox, pod=pod['name'],
+                               uid=pod['uid'])['code'] == 0
+        before = service.facts(*sandboxes, ping=POD_GATEWAY)
+        assert all(here['ping'] for here in before['netns'].values()), before
+        print(service.guests.reboot(vm.SYSTEMD).strip())
+        # Booted: systemd is "running", so the enabled unit went active through READY=1.
+        assert service.show('ActiveState')['ActiveState'] == 'active'
+        after = service.facts(*sandboxes)
+        assert after['netns'] == {sandbox: None for sandbox in sandboxes}, after
+        bindings = {b['pod']: b['owner'] for b in after['bindings']}
+        assert bindings == {'default/' + pod['name']: sandbox
+                            for pod, sandbox in zip(pods, sandboxes)}, after['bindings']
+        journal = service.sh('journalctl -b -u %s -o cat --no-pager' % UNIT).check('journal')
+        assert 'Recovered 2 pod bindings' in journal, journal[-3000:]
+        # The runtime's DELs for the dead sandboxes: their netns paths are gone.
+        for pod, sandbox in zip(pods, sandboxes):
+            assert service.cni('del', sandbox, sandbox, pod=pod['name'],
+                               uid=pod['uid'])['code'] == 0
+        left = service.facts(*sandboxes)
+        assert left['bindings'] == [] and left['host_vlans'] == [] and left['cached'] == []
+        assert left['state'] == {'bindings': [], 'locks': [], 'del-queue': []}, left
+        dels = _request_lines(service, 'DEL', sandboxes)
+        assert sorted(cid for cid in dels if cid in sandboxes) == sorted(sandboxes)
+    finally:
+        service.sh('for ns in %s; do ip netns del $ns 2>/dev/null; done; true'
+                   % ' '.join(sandboxes))
