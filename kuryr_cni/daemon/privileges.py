@@ -31,6 +31,7 @@ PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CAP_CHOWN = 0
+CAP_KILL = 5
 CAP_SETGID = 6
 CAP_SETUID = 7
 CAP_SETPCAP = 8
@@ -75,18 +76,22 @@ def identity(user):
 
 def check_can_drop():
     """Raise :class:`PrivilegeError` unless this process can change its uid and gid,
-    and give the directories the dropped processes share to their group (:func:`shared_dir`).
+    give the directories the dropped processes share to their group (:func:`shared_dir`),
+    and signal the dropped processes, which are no longer its uid, when it stops them.
 
     Checked at start so that a unit whose bounding set lacks them is refused in
-    one line, not by children failing one after another or by a traceback.
+    one line, not by children failing one after another, by a traceback, or (without
+    CAP_KILL) by every stop failing and running into systemd's stop timeout.
     """
     effective = int(status()['CapEff'], 16)
-    needed = (('CAP_SETUID', CAP_SETUID), ('CAP_SETGID', CAP_SETGID), ('CAP_CHOWN', CAP_CHOWN))
+    needed = (('CAP_SETUID', CAP_SETUID), ('CAP_SETGID', CAP_SETGID), ('CAP_CHOWN', CAP_CHOWN),
+              ('CAP_KILL', CAP_KILL))
     missing = [name for name, cap in needed if not effective & (1 << cap)]
     if missing:
-        raise PrivilegeError('the watcher and ops processes could not drop root: the daemon '
-                             'lacks %s (add them to the unit\'s CapabilityBoundingSet= or the '
-                             'container\'s capabilities)' % ' and '.join(missing))
+        raise PrivilegeError('the watcher and ops processes could not drop root and be '
+                             'stopped: the daemon lacks %s (add them to the unit\'s '
+                             'CapabilityBoundingSet= or the container\'s capabilities)'
+                             % ' and '.join(missing))
 
 
 def forbid_new_privileges():

@@ -179,11 +179,12 @@ def test_they_hold_only_the_listening_sockets_they_serve(daemon):
     assert daemon.http_get(HEALTH_PORT, '/ready')[0] == 200
 
 
-@pytest.mark.parametrize('cap', ['setuid', 'setgid', 'chown'])
+@pytest.mark.parametrize('cap', ['setuid', 'setgid', 'chown', 'kill'])
 def test_a_daemon_without_a_capability_the_drop_needs_is_refused_in_one_line(cap):
     """Without CAP_CHOWN the start died with a traceback under the shipped unit (the vm
     tier found it: root may not chown(2) the run dir's shared directories to a group it
-    is not in). Each capability the drop needs is checked before anything is made."""
+    is not in); without CAP_KILL every stop failed to signal the dropped processes (the vm
+    tier again). Each capability the drop needs is checked before anything is made."""
     code = 'from kuryr_cni.daemon import privileges; privileges.check_can_drop()'
     out = subprocess.run(['setpriv', '--bounding-set=-' + cap, sys.executable, '-c', code],
                          capture_output=True, text=True, timeout=60)
