@@ -76,6 +76,9 @@ class Stack:
         self.netns = netns_name
         self.netns_path = '/run/netns/' + netns_name
         self.node = node
+        # None, or 'kuryr-daemon': kuryr-controller from kuryr-daemon's build (its os-vif), for
+        # as long as the attribute says so (see tools/openstack start --controller-of).
+        self.controller_of = None
         try:
             self.start()
             with open(os.path.join(workdir, 'stack.env')) as f:
@@ -91,11 +94,19 @@ class Stack:
     def start(self):
         """Start what is not running (everything at first)."""
         proc = subprocess.run([TOOL, 'start', self.dir, '--netns', self.netns,
-                               '--node', self.node], capture_output=True, text=True,
-                              timeout=START_TIMEOUT)
+                               '--node', self.node,
+                               *(['--controller-of', self.controller_of]
+                                 if self.controller_of else [])],
+                              capture_output=True, text=True, timeout=START_TIMEOUT)
         if proc.returncode:
             raise RuntimeError('tools/openstack start failed:\n%s%s'
                                % (proc.stdout, proc.stderr[-4000:]))
+
+    def swap_controller(self, of):
+        """Run kuryr-controller from the build ``of`` names (None: the stack's own)."""
+        self.controller_of = of
+        self.stop('kuryr-controller')
+        self.start()
 
     def stop(self, what=None):
         """Stop everything, or the one process named (e.g. ``kuryr-controller``)."""

@@ -93,15 +93,22 @@ class Outcome:
 
 class Runtime:
     def __init__(self, socket_path, state_dir, cache_dir, cni_version='1.1.0',
-                 network='kuryr', shim=None, timeout=110):
+                 network='kuryr', shim=None, timeout=110, plugin=None):
+        """``plugin``: the plugin's entry of the list in place of the shim's (another CNI's
+        executable given as ``shim``, e.g. upstream's kuryr-cni); ``timeout`` is then how
+        long the runtime waits for it before it kills it."""
         self.shim = shim or testshim.built()
         self.cache_dir = cache_dir
         self.network = network
         self.cni_version = cni_version
+        # Ours times out by itself (the netconf's timeout; the runtime waiting longer is a
+        # failure of the test); another plugin is killed after ``timeout``, as libcni does.
+        self.foreign = plugin is not None
+        self.kill_after = timeout if self.foreign else timeout + 10
         # The plugin's stdin (its list entry with name and cniVersion injected).
-        self.netconf = {'cniVersion': cni_version, 'name': network, 'type': 'kuryr-cni',
-                        'daemon_socket': socket_path, 'state_dir': state_dir,
-                        'timeout': timeout}
+        self.netconf = {'cniVersion': cni_version, 'name': network,
+                        **(plugin or {'type': 'kuryr-cni', 'daemon_socket': socket_path,
+                                      'state_dir': state_dir, 'timeout': timeout})}
         plugin = {k: v for k, v in self.netconf.items() if k not in ('cniVersion', 'name')}
         self.conflist = json.dumps({'cniVersion': cni_version, 'name': network,
                                     'plugins': [plugin]}).encode()
@@ -175,8 +182,16 @@ class Runtime:
                             CNI_IFNAME=sandbox.ifname, CNI_ARGS=sandbox.cni_args())
         full_env.update(env or {})
         data = json.dumps(config).encode() if stdin is None else stdin
-        proc = subprocess.run([self.shim], env=full_env, input=data, capture_output=True,
-                              timeout=self.netconf['timeout'] + 10)
+        try:
+            proc = subprocess.run([self.shim], env=full_env, input=data, capture_output=True,
+                                  timeout=self.kill_after)
+        except subprocess.TimeoutExpired as exc:
+            if not self.foreign:
+                raise
+            # libcni's exec under a context that expired: the plugin is killed, the
+            # operation fails as a timeout (CNI code 11), whatever the plugin had begun.
+            return Outcome(-9, {'code': 11, 'msg': 'killed by the runtime after %.0f s'
+                                % exc.timeout}, exc.stdout or b'', exc.stderr or b'')
         output = json.loads(proc.stdout) if proc.stdout.strip() else None
         return Outcome(proc.returncode, output, proc.stdout, proc.stderr)
 
