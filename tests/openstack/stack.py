@@ -68,11 +68,13 @@ class APIError(Exception):
 class Stack:
     """The stack under ``workdir``, in namespace ``netns_name``, for node ``node``."""
 
-    def __init__(self, workdir, netns_name, node):
+    def __init__(self, workdir, netns_name, node, options=()):
+        """``options``: more of ``tools/openstack start``'s (``--nested``, ``--api-address``)."""
         self.dir = workdir
         self.netns = netns_name
         self.netns_path = '/run/netns/' + netns_name
         self.node = node
+        self.options = list(options)
         try:
             self.start()
             with open(os.path.join(workdir, 'stack.env')) as f:
@@ -88,8 +90,8 @@ class Stack:
     def start(self):
         """Start what is not running (everything at first)."""
         proc = subprocess.run([TOOL, 'start', self.dir, '--netns', self.netns,
-                               '--node', self.node], capture_output=True, text=True,
-                              timeout=START_TIMEOUT)
+                               '--node', self.node, *self.options], capture_output=True,
+                              text=True, timeout=START_TIMEOUT)
         if proc.returncode:
             raise RuntimeError('tools/openstack start failed:\n%s%s'
                                % (proc.stdout, proc.stderr[-4000:]))
