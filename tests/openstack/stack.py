@@ -117,7 +117,8 @@ class Stack:
 
     # Requests, as the admin -------------------------------------------------------------
 
-    def _request(self, base, method, path, body=None, headers=()):
+    def _request(self, base, method, path, body=None, headers=(), as_bytes=False):
+        """The decoded JSON answer, or with ``as_bytes`` the body as it came."""
         url = urllib.parse.urlsplit(base)
         sock = netns.socket_in(self.netns_path, socket.AF_INET, socket.SOCK_STREAM)
         sock.settimeout(CALL_TIMEOUT)
@@ -136,19 +137,22 @@ class Stack:
             sock.close()
         if response.status >= 400:
             raise APIError(method, path, response.status, raw.decode(errors='replace'))
+        if as_bytes:
+            return raw
         return json.loads(raw) if raw.strip() else None
 
     def neutron(self, method, path, body=None):
         """One Neutron API call (``/v2.0`` + ``path``); its decoded answer."""
         return self._request(self.env['NEUTRON_URL'], method, '/v2.0' + path, body)
 
-    def k8s(self, method, path, body=None, content_type='application/json'):
-        """One Kubernetes API call as the cluster admin; its decoded answer."""
+    def k8s(self, method, path, body=None, content_type='application/json', as_bytes=False):
+        """One Kubernetes API call as the cluster admin; its decoded answer (or its
+        bytes: ``/metrics``)."""
         with open(self.env['K8S_ADMIN_TOKEN']) as f:
             token = f.read().strip()
         return self._request(self.env['K8S_URL'], method, path, body,
                              {'Authorization': 'Bearer ' + token,
-                              'Content-Type': content_type})
+                              'Content-Type': content_type}, as_bytes=as_bytes)
 
     def apply_daemon_rbac(self):
         """The ClusterRole and binding of the shipped DaemonSet, for the daemon's token."""

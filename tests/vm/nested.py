@@ -48,6 +48,7 @@ TRUNK_NIC = 'vec1'
 CONFIG_DIR = '/etc/kuryr-nested'
 UNIT = 'kuryr-nested'
 DAEMON_LOG = '/var/log/kuryr-nested.log'
+DAEMON_USER = 'system:serviceaccount:kube-system:kuryr-cni'   # tools/kube-apiserver's
 CHASSIS = 'osp'                 # the one ovn-controller's chassis, where every trunk tap is
 VIF_TIMEOUT = 120
 VENV_TIMEOUT = 900
@@ -72,6 +73,12 @@ ca_file = {config_dir}/ca.crt
 [binding]
 link_iface = {trunk_nic}
 """
+
+
+def _metric_sum(text, name, skip=()):
+    return sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()
+               if (line.startswith(name + '{') or line.startswith(name + ' '))
+               and not any(word in line for word in skip))
 
 
 def missing():
@@ -170,6 +177,13 @@ class Node:
     def stop_daemon(self):
         self.sh('systemctl stop %s; systemctl reset-failed %s 2>/dev/null; true'
                 % (UNIT, UNIT))
+
+    def metric(self, name, skip=()):
+        """The sum of the daemon's samples of metric ``name`` (its /metrics, in the guest)
+        but those whose labels hold one of ``skip``."""
+        out = self.sh('python3 -c "import urllib.request; print(urllib.request.urlopen('
+                      '\'http://127.0.0.1:9655/metrics\', timeout=30).read().decode())"')
+        return _metric_sum(out, name, skip)
 
     def daemon_log(self, lines=60):
         return self.cluster.guests.run(self.name, 'tail -n %d %s' % (lines, DAEMON_LOG)).output
@@ -357,6 +371,37 @@ class Cluster:
             if done:
                 return
             time.sleep(POLL)
+
+    # The API server's side ------------------------------------------------------------
+
+    def apiserver_cpu_seconds(self):
+        """The CPU time kube-apiserver has used (user + system)."""
+        with open(os.path.join(self.stack.dir, 'k8s', 'run', 'kube-apiserver.pid')) as f:
+            pid = int(f.read())
+        with open('/proc/%d/stat' % pid) as f:
+            fields = f.read().rsplit(')', 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
+
+    def registered_watchers(self, kind):
+        """Watches kube-apiserver serves of ``kind`` (its apiserver_registered_watchers)."""
+        text = self.stack.k8s('GET', '/metrics', as_bytes=True).decode()
+        return int(sum(float(line.rsplit(' ', 1)[1]) for line in text.splitlines()
+                       if line.startswith('apiserver_registered_watchers{')
+                       and 'kind="%s"' % kind in line))
+
+    def daemon_requests(self):
+        """{source address: [(verb, request URI)]} of the daemons' requests, from
+        kube-apiserver's audit log (each guest calls from its own address)."""
+        requests = {}
+        with open(os.path.join(self.stack.dir, 'k8s', 'audit.log')) as f:
+            for line in f:
+                event = json.loads(line)
+                # Each request is logged at each stage: counted once, when received.
+                if event['stage'] == 'RequestReceived' and \
+                        event['user']['username'] == DAEMON_USER:
+                    requests.setdefault(event['sourceIPs'][0], []).append(
+                        (event['verb'], event['requestURI']))
+        return requests
 
     def delete_pod(self, pod):
         """The runtime's DEL, then the API object; wait until kuryr-controller removed the

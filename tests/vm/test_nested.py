@@ -37,7 +37,8 @@ from tests.unit import osvif_fixtures as fx
 from tests.vm import nested
 from tools.testbed import shim
 
-NODES = ('nested1', 'nested2')
+NODES = ('nested1', 'nested2', 'nested3')     # the third for the scale test alone
+IDLE_WINDOW = 30    # seconds of kube-apiserver CPU measured with and without the daemons
 RECORDING = fixtures.KURYRPORT_RECORDING.parent / 'kuryrport-vlan-nested.json'
 
 
@@ -312,8 +313,9 @@ def test_the_vlan_fixtures_are_what_kuryr_controller_writes(cluster, pods):
     [ip] = subnet['ips']['versioned_object.data']['objects']
     # The hand-written one, shaped as this pod's network is (one IPv4 subnet, no routes),
     # field by field and version by version.
-    mine = fx.kuryrport('default', pod.name, node.name, pod.uid, fx.status_vifs(fx.vlan_vif(
-        active=True, network=fx.dual_stack_network(bridge=None))))
+    # Only the subnets are replaced: the rest of vlan_vif's network is compared as it is.
+    mine = fx.kuryrport('default', pod.name, node.name, pod.uid,
+                        fx.status_vifs(fx.vlan_vif(active=True)))
     mine_network = mine['status']['vifs']['eth0']['vif']['versioned_object.data']['network']
     mine_network['versioned_object.data']['subnets'] = fx.listed('SubnetList', [fx.subnet(
         subnet['cidr'], [ip['versioned_object.data']['address']], gateway=subnet['gateway'])])
@@ -327,3 +329,63 @@ def test_the_vlan_fixtures_are_what_kuryr_controller_writes(cluster, pods):
 
 # Fields whose values are the same for every nested pod of an ML2/OVN cloud.
 CONSTANT = ('active', 'has_traffic_filtering', 'plugin', 'preserve_on_delete')
+
+
+# 5. Three nodes, one API server: each daemon's watch is its node's; what a node costs.
+
+def test_each_daemon_watches_its_own_nodes_pods_only(cluster, pods):
+    """Run last: it stops the daemons to measure the API server without them."""
+    nodes = [cluster.nodes[name] for name in NODES]
+    quiet = nodes[2]
+
+    def events(node):       # of objects: bookmarks come to every watch
+        return node.metric('kuryr_cni_watch_events_total', skip=('BOOKMARK',))
+
+    before = {node.name: events(node) for node in nodes}
+    for node in nodes[:2]:
+        pods.start(node)
+    after = {node.name: events(node) for node in nodes}
+    # The busy nodes' watches saw their pods' KuryrPorts; the quiet node's saw nothing.
+    assert after[quiet.name] == before[quiet.name], (before, after)
+    for node in nodes[:2]:
+        assert after[node.name] > before[node.name], (before, after)
+        nested.TIMINGS.append(('%s: watch events for its one pod' % node.name,
+                               after[node.name] - before[node.name]))
+    # Every list and watch each daemon sent names its own node, none another's.
+    requests = cluster.daemon_requests()
+    for node in nodes:
+        mine = [(verb, uri) for verb, uri in requests[cluster.guests.guests[node.name].address]
+                if 'kuryrports' in uri]
+        assert {verb for verb, _ in mine} >= {'list', 'watch'}, mine
+        for _, uri in mine:
+            assert node.name in uri and not any(other.name in uri for other in nodes
+                                                if other is not node), uri
+        nested.TIMINGS.append(('%s: requests to the API server so far' % node.name,
+                               len(requests[cluster.guests.guests[node.name].address])))
+    watchers = cluster.registered_watchers('KuryrPort')
+    # kuryr-controller's own watch, and one per node.
+    assert watchers == 1 + len(nodes), watchers
+    for pod in list(pods.made):
+        pods.made.remove(pod)
+        assert pod.node.cni('del', pod)['code'] == 0
+        pod.node.sh('ip netns del %s' % pod.netns)
+        cluster.delete_pod(pod)
+    # kube-apiserver's CPU, idle, with the three daemons' watches open and without them.
+    with_daemons = _cpu_over(cluster, IDLE_WINDOW)
+    for node in nodes:
+        node.stop_daemon()
+    wait.until(lambda: cluster.registered_watchers('KuryrPort') == 1, 60,
+               'the daemons\' watches to end', 0.5)
+    without = _cpu_over(cluster, IDLE_WINDOW)
+    nested.TIMINGS.append(('kube-apiserver CPU s per s, idle, 3 daemons watching', with_daemons))
+    nested.TIMINGS.append(('kube-apiserver CPU s per s, idle, no daemon', without))
+    nested.TIMINGS.append(('kube-apiserver CPU ms per s per idle node',
+                           1000 * (with_daemons - without) / len(nodes)))
+
+
+def _cpu_over(cluster, seconds):
+    """kube-apiserver's CPU seconds per second over the next ``seconds``."""
+    used = cluster.apiserver_cpu_seconds()
+    started = time.monotonic()
+    time.sleep(seconds)         # a measurement window, not a wait for an event
+    return (cluster.apiserver_cpu_seconds() - used) / (time.monotonic() - started)
