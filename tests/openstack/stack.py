@@ -71,7 +71,8 @@ class APIError(Exception):
 class Stack:
     """The stack under ``workdir``, in namespace ``netns_name``, for node ``node``."""
 
-    def __init__(self, workdir, netns_name, node):
+    def __init__(self, workdir, netns_name, node, options=()):
+        """``options``: more of ``tools/openstack start``'s (``--nested``, ``--api-address``)."""
         self.dir = workdir
         self.netns = netns_name
         self.netns_path = '/run/netns/' + netns_name
@@ -79,6 +80,7 @@ class Stack:
         # None, or 'kuryr-daemon': kuryr-controller from kuryr-daemon's build (its os-vif), for
         # as long as the attribute says so (see tools/openstack start --controller-of).
         self.controller_of = None
+        self.options = list(options)
         try:
             self.start()
             with open(os.path.join(workdir, 'stack.env')) as f:
@@ -94,7 +96,7 @@ class Stack:
     def start(self):
         """Start what is not running (everything at first)."""
         proc = subprocess.run([TOOL, 'start', self.dir, '--netns', self.netns,
-                               '--node', self.node,
+                               '--node', self.node, *self.options,
                                *(['--controller-of', self.controller_of]
                                  if self.controller_of else [])],
                               capture_output=True, text=True, timeout=START_TIMEOUT)
@@ -140,7 +142,8 @@ class Stack:
 
     # Requests, as the admin -------------------------------------------------------------
 
-    def _request(self, base, method, path, body=None, headers=()):
+    def _request(self, base, method, path, body=None, headers=(), as_bytes=False):
+        """The decoded JSON answer, or with ``as_bytes`` the body as it came."""
         url = urllib.parse.urlsplit(base)
         sock = netns.socket_in(self.netns_path, socket.AF_INET, socket.SOCK_STREAM)
         sock.settimeout(CALL_TIMEOUT)
@@ -159,19 +162,22 @@ class Stack:
             sock.close()
         if response.status >= 400:
             raise APIError(method, path, response.status, raw.decode(errors='replace'))
+        if as_bytes:
+            return raw
         return json.loads(raw) if raw.strip() else None
 
     def neutron(self, method, path, body=None):
         """One Neutron API call (``/v2.0`` + ``path``); its decoded answer."""
         return self._request(self.env['NEUTRON_URL'], method, '/v2.0' + path, body)
 
-    def k8s(self, method, path, body=None, content_type='application/json'):
-        """One Kubernetes API call as the cluster admin; its decoded answer."""
+    def k8s(self, method, path, body=None, content_type='application/json', as_bytes=False):
+        """One Kubernetes API call as the cluster admin; its decoded answer (or its
+        bytes: ``/metrics``)."""
         with open(self.env['K8S_ADMIN_TOKEN']) as f:
             token = f.read().strip()
         return self._request(self.env['K8S_URL'], method, path, body,
                              {'Authorization': 'Bearer ' + token,
-                              'Content-Type': content_type})
+                              'Content-Type': content_type}, as_bytes=as_bytes)
 
     def apply_daemon_rbac(self):
         """The ClusterRole and binding of the shipped DaemonSet, for the daemon's token."""

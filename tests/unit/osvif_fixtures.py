@@ -37,18 +37,21 @@ def subnet(cidr, ips, gateway=None, routes=()):
 
 
 def network(subnets, mtu=1450, bridge='br-int'):
-    return obj('Network', {'id': NETWORK_ID, 'bridge': bridge, 'label': 'ns/default-net',
-                           'mtu': mtu, 'multi_host': False, 'should_provide_bridge': False,
-                           'should_provide_vlan': False,
-                           'subnets': listed('SubnetList', list(subnets))}, version='1.1')
+    """``bridge=None``: none, as kuryr-controller writes a nested pod's network."""
+    data = {'id': NETWORK_ID, 'bridge': bridge, 'label': 'ns/default-net', 'mtu': mtu,
+            'multi_host': False, 'should_provide_bridge': False, 'should_provide_vlan': False,
+            'subnets': listed('SubnetList', list(subnets))}
+    if bridge is None:
+        del data['bridge']
+    return obj('Network', data, version='1.1')
 
 
-def dual_stack_network(n=5, mtu=1450):
+def dual_stack_network(n=5, mtu=1450, bridge='br-int'):
     return network([
         subnet('10.0.0.0/26', ['10.0.0.%d' % n], gateway='10.0.0.1',
                routes=[{'cidr': '192.168.0.0/16', 'gateway': '10.0.0.62'}]),
         subnet('fd00:10::/64', ['fd00:10::%x' % n], gateway='fd00:10::1'),
-    ], mtu=mtu)
+    ], mtu=mtu, bridge=bridge)
 
 
 def ovs_vif(active=True, profile_version='1.4', n=5, **data):
@@ -88,8 +91,10 @@ def hybrid_vif(active=True, n=5, **data):
 
 
 def vlan_vif(active=True, vlan_id=100, n=5, **data):
+    # No bridge in its network: kuryr-controller's nested-vlan driver sets none
+    # (tests/fixtures/kuryr-controller-10.0.0/kuryrport-vlan-nested.json).
     base = {'active': active, 'address': 'fa:16:3e:12:34:%02x' % n, 'id': PORT_ID,
-            'has_traffic_filtering': False, 'network': dual_stack_network(n),
+            'has_traffic_filtering': False, 'network': dual_stack_network(n, bridge=None),
             'plugin': 'noop', 'preserve_on_delete': False, 'vif_name': 'tap8c5f3a10-2f',
             'vlan_id': vlan_id}
     base.update(data)

@@ -25,10 +25,18 @@ import pytest
 from tests import conftest
 from tests.vm import guests as vm_guests
 from tests.vm import kernel_suite
+from tests.vm import nested
 from tools.testbed import shim
 
 KERNEL = 'kernel'
 SYSTEMD = 'systemd'
+
+
+def pytest_terminal_summary(terminalreporter):
+    if nested.TIMINGS:
+        terminalreporter.section('vm tier: nested mode timings')
+        for what, seconds in nested.TIMINGS:
+            terminalreporter.write_line('%-70s %8.2f' % (what, seconds))
 
 
 def pytest_collection_modifyitems(items):

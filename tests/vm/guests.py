@@ -57,10 +57,12 @@ class Guest:
 class Guests:
     """The guests of one ``tools/vm`` directory; :meth:`close` stops them all."""
 
-    def __init__(self, directory, names, shares=()):
+    def __init__(self, directory, names, shares=(), trunk=False):
+        """``trunk``: each guest gets a second NIC, ``vec1``, on tap ``trunk<i>`` of
+        :attr:`netns` (i: its number, from 1), attached to nothing."""
         self.directory = directory
         self.shares = [REPO, WHEELS, *shares]
-        args = [TOOL, 'start', directory]
+        args = [TOOL, 'start', directory, *(['--trunk'] if trunk else [])]
         for share in self.shares:
             args += ['--share', share]
         started = time.monotonic()
