@@ -1,0 +1,141 @@
+"""Daemon restarts under a steady stream of ADDs through the real shim: none fails.
+
+Three ways a node's daemon restarts: ``systemctl restart`` (SIGTERM, the old
+daemon drains and exits, then the next starts), a DaemonSet-style replace
+(the next started as the old one is told to stop), and a crash (SIGKILL of
+the whole process group, the supervisor starting the next). Meanwhile ADDs
+arrive at :data:`RATE` a second, as a busy node's kubelet sends them: each
+must succeed (the shim waits for the next daemon), and each pod must be
+plugged once. The tests count failures; the longest ADD and the outage are
+printed (``-s``), not asserted.
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tools.testbed import host as testhost
+
+from tests.functional import conftest
+from tests.functional import helpers
+
+pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASON)
+
+RATE = 10               # ADDs a second
+PODS = 200              # enough for a restart of ~18 s at RATE
+STATUS_INTERVAL = 0.25  # seconds between STATUS calls, kubelet's poll much sped up
+STATUS_PATIENCE = 4     # seconds: shim/wait.go's statusPatience
+
+
+@dataclasses.dataclass
+class Call:
+    started: float
+    ended: float
+    outcome: object
+
+
+class Stream:
+    """Calls ``call(item)`` for each item at ``rate`` a second, each in a thread of its
+    own, from a thread of its own until stopped or out of items."""
+
+    def __init__(self, call, items, rate):
+        self.call = call
+        self.items = items
+        self.rate = rate
+        self.calls = []
+        self._futures = []
+        self._sent = threading.Condition()
+        self._stop = threading.Event()
+        self._pool = concurrent.futures.ThreadPoolExecutor(len(items))
+        self._thread = threading.Thread(target=self._send, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def _timed(self, item):
+        started = time.monotonic()
+        outcome = self.call(item)
+        self.calls.append(Call(started, time.monotonic(), outcome))
+
+    def _send(self):
+        start = time.monotonic()
+        for i, item in enumerate(self.items):
+            # Pacing, not waiting for a state: the next call is due at a fixed time.
+            if self._stop.wait(max(0.0, start + i / self.rate - time.monotonic())):
+                break
+            with self._sent:
+                self._futures.append(self._pool.submit(self._timed, item))
+                self._sent.notify_all()
+
+    def wait_sent(self, count, timeout=60):
+        """Wait until ``count`` calls were sent (or all there are); returns how many."""
+        count = min(count, len(self.items))
+        with self._sent:
+            assert self._sent.wait_for(lambda: len(self._futures) >= count, timeout), \
+                'the stream sent %d calls in %ss, not %d' % (len(self._futures), timeout, count)
+            return len(self._futures)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        for future in self._futures:
+            future.result(timeout=200)     # the shim's own timeout is 110 s
+        self._pool.shutdown()
+
+
+def _systemctl_restart(node):
+    assert node.stop_daemon(signal.SIGTERM) == 0
+    node.start_daemon()
+
+
+def _daemonset_replace(node):
+    old = node.daemon
+    os.kill(old.pid, signal.SIGTERM)
+    node.start_daemon()     # waits, bounded, for the old one's drain
+    assert old.wait(60) == 0
+
+
+def _killed_and_restarted(node):
+    os.killpg(node.daemon.pid, signal.SIGKILL)
+    node.daemon.wait(30)
+    node.start_daemon()
+
+
+RESTARTS = {'systemctl': _systemctl_restart, 'replace': _daemonset_replace,
+            'kill': _killed_and_restarted}
+
+
+@pytest.mark.parametrize('restart', sorted(RESTARTS))
+def test_no_add_fails_while_the_daemon_restarts(daemon, runtime, restart):
+    node = daemon
+    sandboxes = helpers.make_pods(node, range(2, 2 + PODS))
+    statuses = Stream(lambda _: runtime.status(), [None] * 400, 1 / STATUS_INTERVAL)
+    with Stream(runtime.add, sandboxes, RATE) as adds, statuses:
+        adds.wait_sent(RATE)                        # a second of ADDs to the old daemon
+        down = time.monotonic()
+        RESTARTS[restart](node)                     # returns once the next one is ready
+        up = time.monotonic()
+        adds.wait_sent(adds.wait_sent(0) + RATE)    # and a second to the next one
+    failed = [c.outcome for c in adds.calls if not c.outcome.ok]
+    assert failed == [], failed
+    # ADDs did arrive while no daemon served, or this proved nothing.
+    during = [c for c in adds.calls if down <= c.started <= up]
+    assert during
+    # Each pod plugged once, by the daemon that runs now (a retried ADD included).
+    assert helpers.metric(node, 'kuryr_cni_attachments') == len(adds.calls)
+    assert all(node.ping(s.netns, testhost.GATEWAY)
+               for s in sandboxes[:len(adds.calls):13])
+    # STATUS fails only when the daemon was away longer than the shim waits for it.
+    status_failed = [c for c in statuses.calls if not c.outcome.ok]
+    assert all(up - c.started > STATUS_PATIENCE for c in status_failed), status_failed
+    print('\n%s: %d ADDs, 0 failed; %d sent during the %.2f s restart, longest %.2f s; '
+          '%d STATUS, %d failed' % (
+              restart, len(adds.calls), len(during), up - down,
+              max(c.ended - c.started for c in during), len(statuses.calls),
+              len(status_failed)))
