@@ -151,6 +151,8 @@ def _lock_dir(directory, what, patience=0):
     # POSIX lock and refuses an exclusive one on a read-only descriptor
     # (EBADF): there, open for writing.
     deadline = time.monotonic() + patience
+    if patience:
+        LOG.info('Waiting up to %d s for the daemon stopping in %s to drain', patience, directory)
     for access in (os.O_RDONLY, os.O_RDWR):
         fd = None
         try:

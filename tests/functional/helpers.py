@@ -50,15 +50,15 @@ def binding(node, pod_key):
         return None
 
 
-def make_pods(node, indexes):
-    """Pods numbered ``indexes`` in the API stand-in, their VIFs published and active;
-    returns a sandbox of each, in a network namespace of its own."""
+def make_pods(node, indexes, active=True):
+    """Pods numbered ``indexes`` in the API stand-in, their VIFs published (and
+    ``active``); returns a sandbox of each, in a network namespace of its own."""
     sandboxes = []
     for index in indexes:
         name = 'pod-%d' % index
         node.api.create_pod('default', name, testhost.NODE, uid='uid-%d' % index,
                             annotations={'kuryr.openstack.org/vifs':
-                                         json.dumps(node.vifs(index))})
+                                         json.dumps(node.vifs(index, active))})
         sandboxes.append(testruntime.Sandbox('cid-%d' % index, node.pod_netns(), name,
                                              pod_uid='uid-%d' % index))
     return sandboxes

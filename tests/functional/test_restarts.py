@@ -7,7 +7,8 @@ the whole process group, the supervisor starting the next). Meanwhile ADDs
 arrive at :data:`RATE` a second, as a busy node's kubelet sends them: each
 must succeed (the shim waits for the next daemon), and each pod must be
 plugged once. The tests count failures; the longest ADD and the outage are
-printed (``-s``), not asserted.
+printed (``-s``), not asserted. A planned stop also answers the ADD it has in
+flight before it exits.
 """
 
 import concurrent.futures
@@ -22,6 +23,7 @@ import pytest
 from tools.testbed import host as testhost
 
 from tests.functional import conftest
+from tests import wait
 from tests.functional import helpers
 
 pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASON)
@@ -89,19 +91,29 @@ class Stream:
         self._pool.shutdown()
 
 
-def _systemctl_restart(node):
-    assert node.stop_daemon(signal.SIGTERM) == 0
+def _systemctl_restart(node, drained):
+    old = node.daemon
+    os.kill(old.pid, signal.SIGTERM)
+    # The socket's name goes first: new ADDs wait for the next daemon meanwhile.
+    wait.until(lambda: not os.path.exists(node.socket), 30, 'the socket withdrawn')
+    drained()
+    assert old.wait(60) == 0
     node.start_daemon()
 
 
-def _daemonset_replace(node):
+def _daemonset_replace(node, drained):
     old = node.daemon
+    log_start = len(_log(node))
     os.kill(old.pid, signal.SIGTERM)
-    node.start_daemon()     # waits, bounded, for the old one's drain
+    node.start_daemon(wait=False)
+    # The next daemon waits for the old one's drain instead of refusing to start.
+    wait.until(lambda: WAITING in _log(node)[log_start:], 60, 'the next daemon waiting')
+    drained()
+    node.wait_ready()
     assert old.wait(60) == 0
 
 
-def _killed_and_restarted(node):
+def _killed_and_restarted(node, drained):
     os.killpg(node.daemon.pid, signal.SIGKILL)
     node.daemon.wait(30)
     node.start_daemon()
@@ -109,26 +121,41 @@ def _killed_and_restarted(node):
 
 RESTARTS = {'systemctl': _systemctl_restart, 'replace': _daemonset_replace,
             'kill': _killed_and_restarted}
+WAITING = 'Waiting up to'     # kuryr_cni.daemon.main._lock_dir's line
+
+
+def _log(node):
+    with open(os.path.join(node.workdir, 'daemon.log'), errors='replace') as f:
+        return f.read()
 
 
 @pytest.mark.parametrize('restart', sorted(RESTARTS))
 def test_no_add_fails_while_the_daemon_restarts(daemon, runtime, restart):
+    """And a planned stop answers the ADD in flight when it came: one waiting for its
+    VIFs to be active, which they become only once the stop has begun."""
     node = daemon
     sandboxes = helpers.make_pods(node, range(2, 2 + PODS))
+    planned = restart != 'kill'
+    (slow,) = helpers.make_pods(node, [2 + PODS], active=False)
     statuses = Stream(lambda _: runtime.status(), [None] * 400, 1 / STATUS_INTERVAL)
-    with Stream(runtime.add, sandboxes, RATE) as adds, statuses:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, \
+            Stream(runtime.add, sandboxes, RATE) as adds, statuses:
+        in_flight = helpers.add_in_background(pool, node, runtime, slow) if planned else None
         adds.wait_sent(RATE)                        # a second of ADDs to the old daemon
         down = time.monotonic()
-        RESTARTS[restart](node)                     # returns once the next one is ready
+        RESTARTS[restart](node, lambda: node.api.set_vifs(
+            'default', slow.pod_name, node.vifs(2 + PODS)))
         up = time.monotonic()
         adds.wait_sent(adds.wait_sent(0) + RATE)    # and a second to the next one
     failed = [c.outcome for c in adds.calls if not c.outcome.ok]
     assert failed == [], failed
+    if planned:
+        assert in_flight.result().ok, in_flight.result()
     # ADDs did arrive while no daemon served, or this proved nothing.
     during = [c for c in adds.calls if down <= c.started <= up]
     assert during
     # Each pod plugged once, by the daemon that runs now (a retried ADD included).
-    assert helpers.metric(node, 'kuryr_cni_attachments') == len(adds.calls)
+    assert helpers.metric(node, 'kuryr_cni_attachments') == len(adds.calls) + planned
     assert all(node.ping(s.netns, testhost.GATEWAY)
                for s in sandboxes[:len(adds.calls):13])
     # STATUS fails only when the daemon was away longer than the shim waits for it.
