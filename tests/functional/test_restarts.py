@@ -28,7 +28,7 @@ from tests.functional import helpers
 pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASON)
 
 RATE = 10               # ADDs a second
-PODS = 200              # enough for a restart of ~18 s at RATE
+PODS = 240              # a restart of ~22 s at RATE (addresses end at .250)
 STATUS_INTERVAL = 0.25  # seconds between STATUS calls, kubelet's poll much sped up
 STATUS_PATIENCE = 4     # seconds: shim/wait.go's statusPatience
 
