@@ -20,6 +20,13 @@ is the same for every source:
   answers again (even with an error, after it was unreachable: kube-apiserver
   1.20 answers 403 for a moment after a restart, before its RBAC authorizer
   has read the roles);
+- a backoff after an unreachable or failing server (not one over a limit) is
+  cut short when a CNI request waits for an object not seen yet (``awaited``):
+  a pod created as soon as the server is back is then read at once, not up
+  to ``backoff_max`` later. At most one early retry per :data:`EARLY_FIRST`
+  seconds, the spacing jittered and doubling while they fail, so a fleet of
+  nodes retries early no faster than pods are started on it (the model in
+  ``doc/source/scale.rst``);
 - the sink is unsynced from the first failure until a list or a resumed
   watch is answered, so ``/ready`` tells when the records may be stale;
 - :meth:`ListWatch.stop` cuts an open watch stream, so it returns promptly.
@@ -105,6 +112,12 @@ LIST_MAX_BYTES = 64 * 1024 * 1024   # [kubernetes] list_max_bytes; its reasoning
 LIST_TIMEOUT = 120                  # [kubernetes] list_timeout, seconds for a whole list
 READ_SIZE = 64 * 1024               # bytes asked of the socket at a time
 MAX_BACKOFF_EXPONENT = 16
+# Early retries (a CNI request waits for an object not seen yet): a backoff
+# asks ``awaited`` every EARLY_POLL seconds; early retries are at least
+# EARLY_FIRST seconds apart, twice that after each one that failed (up to
+# backoff_max), jittered by up to half as much again.
+EARLY_POLL = 0.25
+EARLY_FIRST = 1.0
 
 # The limits an API server can exceed (the metric's label values).
 LIMITS = ('list_bytes', 'list_time', 'object_size', 'object_count', 'watch_time')
@@ -165,6 +178,8 @@ class ListWatch:
     called each time the list or watch is answered again after a failure
     (``reason``: ``'error'`` or ``'expired'``), ``on_event(type)`` for every
     watch event, ``on_activity()`` for every list and every event,
+    ``awaited()`` says whether a request waits for an object this list+watch
+    has not delivered (None: none ever does): asked while backing off.
     ``on_limit(limit, message)`` each time the server exceeds a limit (an
     :class:`Overrun`), ``on_limit(None, None)`` once it answers within
     limits again, and ``on_skip(reason)`` for each object skipped (one of
@@ -178,7 +193,8 @@ class ListWatch:
 
     def __init__(self, source, sink, *, watch_timeout=300, request_timeout=(10, 60),
                  backoff_max=30, backoff_initial=0.5, on_restart=None, on_event=None,
-                 on_activity=None, on_limit=None, on_skip=None, list_max_bytes=LIST_MAX_BYTES,
+                 on_activity=None, on_limit=None, on_skip=None, awaited=None,
+                 list_max_bytes=LIST_MAX_BYTES,
                  list_timeout=LIST_TIMEOUT, max_objects=MAX_OBJECTS):
         """``request_timeout`` is (connect, read) seconds for the list; a watch
         may stay silent for ``watch_timeout`` plus that read timeout, and
@@ -198,6 +214,7 @@ class ListWatch:
         self.on_activity = on_activity
         self.on_limit = on_limit
         self.on_skip = on_skip
+        self.awaited = awaited
         self._keep = IDENTITY + tuple(getattr(source, 'keep', ()))
         self.list_max_bytes = list_max_bytes
         self.list_timeout = list_timeout
@@ -213,6 +230,8 @@ class ListWatch:
         self._unreachable = False     # whether the last failure got no answer at all
         self._expired_in_a_row = 0    # 410s with no event between them
         self._restart_reason = None
+        self._early_spacing = EARLY_FIRST   # between early retries, doubling while they fail
+        self._early_not_before = 0.0        # time.monotonic() of the next early retry allowed
         self._synced = False
         self._reported = {}           # key -> resourceVersion whose error was logged
         self._lock = threading.Lock()
@@ -408,9 +427,9 @@ class ListWatch:
             # backoff built up while it was unreachable no longer applies.
             self._failures = 0
         self._unreachable = not exc.answered
-        LOG.warning('Kubernetes API unavailable for the watch of %s (%s); retrying',
-                    self.source.what, exc)
-        self._note_failure('error', backoff=True)
+        self._note_failure('error', backoff=True, early=True,
+                           why='Kubernetes API unavailable for the watch of %s (%s)'
+                           % (self.source.what, exc))
 
     def _recover_from_overrun(self, exc):
         if exc.limit not in self._overruns:
@@ -453,6 +472,7 @@ class ListWatch:
         if not self._overruns:
             self._failures = 0
         self._unreachable = False
+        self._early_spacing = EARLY_FIRST
         if self._restart_reason is not None:
             LOG.info('Watch of %s re-established after %s', self.source.what,
                      self._restart_reason)
@@ -463,15 +483,40 @@ class ListWatch:
             self._synced = True
             self.sink.mark_synced(True)
 
-    def _note_failure(self, reason, backoff):
+    def _note_failure(self, reason, backoff, early=False, why=None):
+        """Count a failure and back off; ``early``: the backoff may be cut short for an
+        awaited object; ``why`` is logged, with the backoff, as a warning."""
         self._restart_reason = reason
         self._failures += 1
         if self._synced:
             # From the first failure: the records may miss what happens meanwhile.
             self._synced = False
             self.sink.mark_synced(False)
-        if backoff:
-            self._stop_event.wait(self._backoff_delay())
+        delay = self._backoff_delay() if backoff else 0
+        if why is not None:
+            LOG.warning('%s; retrying in %.1f s', why, delay)
+        if not backoff:
+            return
+        if early and self.awaited is not None:
+            self._back_off_unless_awaited(time.monotonic() + delay)
+        else:
+            self._stop_event.wait(delay)
+
+    def _back_off_unless_awaited(self, until):
+        """Wait until ``until``, or until a request awaits an object not seen yet and an
+        early retry is due."""
+        while not self._stop_event.is_set():
+            now = time.monotonic()
+            if now >= until:
+                return
+            if now >= self._early_not_before and self.awaited():
+                LOG.info('A CNI request waits for %s not seen yet: retrying the API server '
+                         '%.1f s early', self.source.what, until - now)
+                spacing = self._early_spacing
+                self._early_not_before = now + random.uniform(spacing, 1.5 * spacing)
+                self._early_spacing = min(self.backoff_max, 2 * spacing)
+                return
+            self._stop_event.wait(min(until - now, EARLY_POLL))
 
     def _backoff_delay(self):
         exponent = min(self._failures - 1, MAX_BACKOFF_EXPONENT)

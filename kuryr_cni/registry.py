@@ -526,6 +526,13 @@ class BindingTable(_Table):
             self._cancelled.discard(token)
             self._reserved.pop(token, None)
 
+    def awaits_unseen_pod(self):
+        """Whether an ADD in flight waits for a pod the pods table has no record of:
+        the watcher, backing off after an outage, retries the API server early."""
+        with self._lock:
+            pods = {pod for _, pod, _ in self._adds.values() if pod is not None}
+        return any(self._pod_record(pod) is None for pod in pods)
+
     def adds_since(self, cutoff):
         """Container IDs with an ADD that started after ``cutoff`` (a ``time.monotonic()``)
         and runs."""

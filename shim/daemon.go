@@ -9,6 +9,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -23,31 +24,59 @@ func (r *daemonRefusal) Error() string {
 
 var errTooLarge = fmt.Errorf("response larger than %d bytes", maxResponse)
 
-// forward asks the daemon to run command and relays its answer. A daemon out
-// of reach is code 11 (try again later), or 50 for STATUS (CNI spec).
+// forward asks the daemon to run command and relays its answer, waiting
+// for a daemon out of reach as long as command may (wait.go). A daemon still
+// out of reach is code 11 (try again later), or 50 for STATUS (CNI spec).
 func forward(command string, body []byte, s settings) ([]byte, error) {
-	status, answer, err := callDaemon(s.socket, routes[command], body, s.timeout)
-	var cniErr *cniError
-	switch {
-	case err == nil:
-		return relay(command, status, answer)
-	case errors.As(err, &cniErr):
-		return nil, err
-	case command == "STATUS":
-		return nil, &cniError{codePluginNotAvailable, "kuryr-cni daemon not available", err.Error()}
-	default:
-		return nil, &cniError{codeTryAgainLater, "kuryr-cni daemon unreachable, try again later",
-			err.Error()}
+	started := time.Now()
+	deadline := started.Add(s.timeout)
+	until := patience(command, started, deadline)
+	attempts := 0
+	for pause := firstPause; ; pause = nextPause(pause) {
+		attempts++
+		out, err := exchange(command, body, s.socket, deadline)
+		if err == nil || !worthWaiting(command, err, pause, until) {
+			return out, asCNIError(command, err, attempts, time.Since(started))
+		}
+		time.Sleep(pause)
 	}
 }
 
+// exchange is one attempt: the request sent, the answer relayed.
+func exchange(command string, body []byte, socket string, deadline time.Time) ([]byte, error) {
+	status, answer, err := callDaemon(socket, routes[command], body, deadline)
+	if err != nil {
+		return nil, err
+	}
+	return relay(command, status, answer)
+}
+
+// asCNIError turns a failure to reach the daemon into the CNI error the
+// runtime gets; the daemon's own answers, and errors already CNI errors,
+// pass unchanged.
+func asCNIError(command string, err error, attempts int, waited time.Duration) error {
+	var cniErr *cniError
+	var refusal *daemonRefusal
+	if err == nil || errors.As(err, &cniErr) || errors.As(err, &refusal) {
+		return err
+	}
+	details := err.Error()
+	if attempts > 1 {
+		details = fmt.Sprintf("%s (%d attempts in %.1f s)", details, attempts, waited.Seconds())
+	}
+	if command == "STATUS" {
+		return &cniError{codePluginNotAvailable, "kuryr-cni daemon not available", details}
+	}
+	return &cniError{codeTryAgainLater, "kuryr-cni daemon unreachable, try again later", details}
+}
+
 // callDaemon POSTs body to path on the daemon's socket and returns the
-// answer's status and body. timeout bounds the whole exchange. Errors: a
+// answer's status and body. deadline bounds the whole exchange. Errors: an
+// *unanswered when the connection ended before any byte of an answer, a
 // *cniError (code 11) for an answer that is not well-formed HTTP or is cut
 // short, any other error when the daemon could not be reached or went silent
 // (whether it saw the request is then unknown).
-func callDaemon(socket, path string, body []byte, timeout time.Duration) (int, []byte, error) {
-	deadline := time.Now().Add(timeout)
+func callDaemon(socket, path string, body []byte, deadline time.Time) (int, []byte, error) {
 	conn, err := (&net.Dialer{Deadline: deadline}).Dial("unix", socket)
 	if err != nil {
 		return 0, nil, err
@@ -60,10 +89,16 @@ func callDaemon(socket, path string, body []byte, timeout time.Duration) (int, [
 		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n",
 		path, version, len(body))
 	if _, err := conn.Write(append([]byte(head), body...)); err != nil {
+		if isHangUp(err) {
+			return 0, nil, &unanswered{err}
+		}
 		return 0, nil, err
 	}
 	reader := &answerReader{conn: conn, left: maxResponse}
 	status, answer, err := readResponse(bufio.NewReader(reader))
+	if reader.read == 0 && isHangUp(reader.err) {
+		return 0, nil, &unanswered{reader.err}
+	}
 	var netErr net.Error
 	if errors.As(reader.err, &netErr) {
 		return 0, nil, reader.err
@@ -72,6 +107,12 @@ func callDaemon(socket, path string, body []byte, timeout time.Duration) (int, [
 		return 0, nil, malformed(err.Error())
 	}
 	return status, answer, nil
+}
+
+// isHangUp says whether err is the peer closing the connection (not a timeout).
+func isHangUp(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
 }
 
 // readResponse reads one HTTP/1.1 response. The daemon frames every body
@@ -180,6 +221,7 @@ func malformed(details string) error {
 type answerReader struct {
 	conn net.Conn
 	left int
+	read int // bytes read so far
 	err  error
 }
 
@@ -192,6 +234,7 @@ func (r *answerReader) Read(p []byte) (int, error) {
 	}
 	n, err := r.conn.Read(p)
 	r.left -= n
+	r.read += n
 	if err != nil && r.err == nil {
 		r.err = err
 	}

@@ -3,7 +3,8 @@
 //
 // It answers VERSION itself and forwards ADD, DEL, CHECK, GC and STATUS to
 // the kuryr-cni daemon as HTTP/1.1 over the daemon's unix socket, with the
-// network config passed through as the runtime wrote it. A DEL the daemon
+// network config passed through as the runtime wrote it. ADD, CHECK and
+// STATUS wait, bounded, for a daemon out of reach (wait.go). A DEL the daemon
 // did not answer is queued durably under the state dir and reported as a
 // success: the daemon replays the queue. The config's paths are honoured only
 // where the node allows them (allow.go), and its timeout is bounded.

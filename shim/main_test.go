@@ -389,7 +389,6 @@ func TestResultsAndFramings(t *testing.T) {
 // included: ADD is told to try again, DEL is queued.
 var malformedAnswers = map[string]string{
 	"garbage":                   "garbage\r\n\r\n",
-	"closed at once":            "",
 	"cut in the status line":    "HTTP/1.1 20",
 	"cut in the headers":        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n",
 	"cut in the body":           response(200, addResult)[:60],
@@ -477,25 +476,131 @@ func unreachable(t *testing.T, w *world, how string) (socket, reason string) {
 		return w.daemon.path, "connection refused"
 	}
 	w.daemon.behave(hangUp)
-	return w.daemon.path, "closed before the response"
+	return w.daemon.path, "closed with no answer"
 }
 
 func TestUnreachableDaemon(t *testing.T) {
 	for _, how := range []string{"absent", "stale", "hung up"} {
 		for command, code := range map[string]int{"ADD": 11, "CHECK": 11, "GC": 11, "STATUS": 50} {
-			if how == "hung up" && command == "STATUS" {
-				code = 11 // it answered, with nothing: malformed
-			}
 			w := newWorld(t)
 			socket, reason := unreachable(t, w, how)
-			conf := w.config("0.4.0", map[string]interface{}{"daemon_socket": socket})
+			conf := w.config("0.4.0", map[string]interface{}{"daemon_socket": socket,
+				"timeout": 0.3})
+			started := time.Now()
 			status, out := run(cniEnv(command), conf)
 			e := mustFail(t, status, out, code, "0.4.0")
 			if how != "hung up" && !strings.Contains(e.Details, socket) ||
 				!strings.Contains(e.Details, reason) {
 				t.Errorf("%s %s: %+v", how, command, e)
 			}
+			// All but GC waited for a daemon, trying again, within the timeout.
+			if waited := strings.Contains(e.Details, "attempts"); waited != (command != "GC") {
+				t.Errorf("%s %s: %+v", how, command, e)
+			}
+			if elapsed := time.Since(started); elapsed > time.Second {
+				t.Errorf("%s %s: took %v", how, command, elapsed)
+			}
 			assertQueue(t, w, 0)
+		}
+	}
+}
+
+// replaceDaemon starts a new fake daemon on socket after delay, removing a
+// stale socket file first as the real daemon does; it answers reply.
+func replaceDaemon(t *testing.T, socket string, delay time.Duration, reply string) chan *fakeDaemon {
+	t.Helper()
+	started := make(chan *fakeDaemon, 1)
+	timer := time.AfterFunc(delay, func() {
+		_ = os.MkdirAll(filepath.Dir(socket), 0o700)
+		_ = os.Remove(socket)
+		d := startDaemon(t, filepath.Dir(socket))
+		d.answer(reply)
+		started <- d
+	})
+	t.Cleanup(func() { timer.Stop() })
+	return started
+}
+
+func TestAddCheckAndStatusWaitForTheNextDaemon(t *testing.T) {
+	for _, how := range []string{"absent", "stale", "hung up"} {
+		for command, reply := range map[string]string{"ADD": response(200, addResult),
+			"CHECK": response(204, ""), "STATUS": response(204, "")} {
+			w := newWorld(t)
+			socket, _ := unreachable(t, w, how)
+			next := replaceDaemon(t, socket, 300*time.Millisecond, reply)
+			conf := w.config("1.1.0", map[string]interface{}{"daemon_socket": socket})
+			status, out := run(cniEnv(command), conf)
+			want := ""
+			if command == "ADD" {
+				want = addResult
+			}
+			if status != 0 || out != want {
+				t.Fatalf("%s %s: got %d %q", how, command, status, out)
+			}
+			if got := len((<-next).received()); got != 1 {
+				t.Errorf("%s %s: the next daemon got %d requests", how, command, got)
+			}
+		}
+	}
+}
+
+func TestDelAndGCDoNotWait(t *testing.T) {
+	for _, command := range []string{"DEL", "GC"} {
+		w := newWorld(t)
+		w.daemon.stop()
+		next := replaceDaemon(t, w.daemon.path, 300*time.Millisecond, response(204, ""))
+		status, _ := run(cniEnv(command), w.config("1.1.0", nil))
+		if want := map[string]int{"DEL": 0, "GC": 1}[command]; status != want {
+			t.Errorf("%s: got %d", command, status)
+		}
+		assertQueue(t, w, map[string]int{"DEL": 1, "GC": 0}[command])
+		if got := len((<-next).received()); got != 0 {
+			t.Errorf("%s: sent %d times to the next daemon", command, got)
+		}
+	}
+}
+
+func TestStatusWaitsBrieflyForADaemonNotAvailable(t *testing.T) {
+	// A daemon shutting down, or starting and not yet synced, says "not available":
+	// STATUS asks again, for a while, and reports what the last answer said.
+	notAvailableYet := func(times int) func(net.Conn, <-chan struct{}) {
+		var mu sync.Mutex
+		return func(conn net.Conn, _ <-chan struct{}) {
+			mu.Lock()
+			defer mu.Unlock()
+			reply := response(204, "")
+			if times > 0 {
+				times--
+				reply = response(503, cniErrorJSON(50))
+			}
+			_, _ = conn.Write([]byte(reply))
+		}
+	}
+	w := newWorld(t)
+	w.daemon.behave(notAvailableYet(3))
+	if status, out := run(cniEnv("STATUS"), w.config("1.1.0", nil)); status != 0 || out != "" {
+		t.Fatalf("got %d %q", status, out)
+	}
+	if got := len(w.daemon.received()); got != 4 {
+		t.Errorf("%d requests", got)
+	}
+
+	w = newWorld(t)
+	w.daemon.behave(notAvailableYet(1 << 30))
+	started := time.Now()
+	status, out := run(cniEnv("STATUS"), w.config("1.1.0", nil))
+	if elapsed := time.Since(started); status != 1 || out != cniErrorJSON(50) ||
+		elapsed < statusPatience-maxPause || elapsed > statusPatience+time.Second {
+		t.Errorf("got %d %q after %v", status, out, elapsed)
+	}
+	// Other refusals, and other commands' "not available", are final.
+	for command, code := range map[string]int{"STATUS": 11, "ADD": 50} {
+		w = newWorld(t)
+		w.daemon.answer(response(503, cniErrorJSON(code)))
+		if status, out := run(cniEnv(command), w.config("1.1.0", nil)); status != 1 ||
+			out != cniErrorJSON(code) || len(w.daemon.received()) != 1 {
+			t.Errorf("%s %d: got %d %q, %d requests", command, code, status, out,
+				len(w.daemon.received()))
 		}
 	}
 }

@@ -3,13 +3,16 @@
 config, checked whole (a bad one ends the start here: one line on stderr,
 exit status 2) and logging → safety checks (no live daemon on the socket;
 the run dir's lock: one daemon per run dir; a state dir only root may write,
-and its lock: one daemon per state dir) →
+and its lock: one daemon per state dir; both waited for while a predecessor
+drains, :mod:`kuryr_cni.daemon.handover`) →
 metrics directory → registry Manager (before cotyledon, with the fork start method,
 its socket ``registry/registry.sock`` in the run dir) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
 ops process, the watcher and ops dropping root as they start
-(:mod:`kuryr_cni.daemon.privileges`) → systemd notification. On SIGTERM cotyledon stops the children
-gracefully and exits 0; the Manager is shut down last. On SIGINT cotyledon
+(:mod:`kuryr_cni.daemon.privileges`) → systemd notification. On SIGTERM the socket's name
+is withdrawn (new requests wait for the next daemon), cotyledon stops the
+children gracefully (in-flight requests answered) and exits 0; the Manager is
+shut down last. On SIGINT cotyledon
 exits at once and the Manager follows through its parent-death signal. If the
 Manager dies, the parent stops gracefully too and exits non-zero
 (:mod:`kuryr_cni.daemon.manager_guard`).
@@ -33,6 +36,7 @@ from kuryr_cni import conf as config
 from kuryr_cni import metrics
 from kuryr_cni import registry as registry_mod
 from kuryr_cni import state
+from kuryr_cni.daemon import handover
 from kuryr_cni.daemon import health
 from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import manager_guard
@@ -53,6 +57,7 @@ UNPRIVILEGED = ('watcher', 'ops')
 EXIT_PRIVILEGES = 4                 # a child that could not drop root
 STATE_LOCK = 'daemon.lock'          # in the state dir and the run dir: one daemon per each
 M_ARENA_MAX = -8                    # mallopt(3)
+LOCK_POLL = 0.05                    # seconds between tries of a lock a predecessor holds
 
 
 # Libraries whose debug output would drown ours (pyroute2 logs every netlink message).
@@ -92,11 +97,14 @@ def run(conf):
     # Before anything in the run dir is wiped or replaced (metrics files, the
     # registry socket): a live daemon owns it, on this socket or another.
     listener.refuse_live_daemon(opts.socket)
-    locked = [_lock_dir(run_dir, 'run dir')]    # bare descriptors: held until we exit
+    # A predecessor draining after SIGTERM holds the locks a while: wait for it.
+    patience = handover.predecessor_patience(run_dir, drain_timeout(opts))
+    locked = [_lock_dir(run_dir, 'run dir', patience)]  # bare descriptors: held until we exit
+    handover.took_over(run_dir)
     for directory in state.private_dirs(opts.state_dir):    # only root may plant state
         listener.ensure_private_dir(directory)
     if os.path.realpath(opts.state_dir) != os.path.realpath(run_dir):
-        locked.append(_lock_dir(opts.state_dir, 'state dir'))
+        locked.append(_lock_dir(opts.state_dir, 'state dir', patience))
     _setup_metrics(os.path.join(run_dir, METRICS_DIR), unprivileged.gid)
     _freeze_heap()
     manager, registry = _start_registry(run_dir, unprivileged.gid)
@@ -120,9 +128,16 @@ def run(conf):
     return 0
 
 
-def _lock_dir(directory, what):
+def drain_timeout(opts):
+    """Seconds a planned stop waits for the requests in flight (cotyledon's graceful
+    shutdown timeout: the workers' drain, bounded by the request timeout)."""
+    return opts.request_timeout + 10
+
+
+def _lock_dir(directory, what, patience=0):
     """Take ``directory``'s lock, or refuse: one daemon per state dir and per run dir,
     whatever socket each names (``what`` names the directory in the refusal).
+    A lock held is waited for up to ``patience`` s (a predecessor draining).
 
     An ``fcntl.flock`` on ``daemon.lock`` in it, taken before anything there
     is read or changed, and never released: the kernel drops it when the last
@@ -135,11 +150,14 @@ def _lock_dir(directory, what):
     # remounted read-only under a running daemon. NFSv4 emulates flock with a
     # POSIX lock and refuses an exclusive one on a read-only descriptor
     # (EBADF): there, open for writing.
+    deadline = time.monotonic() + patience
+    if patience:
+        LOG.info('Waiting up to %d s for the daemon stopping in %s to drain', patience, directory)
     for access in (os.O_RDONLY, os.O_RDWR):
         fd = None
         try:
             fd = os.open(path, access | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_within(fd, deadline)
             return fd
         except OSError as exc:
             if fd is not None:
@@ -151,6 +169,22 @@ def _lock_dir(directory, what):
                 continue
             raise listener.UnsafeSetup('cannot lock the %s: %s: %s'
                                        % (what, path, exc.strerror or exc)) from None
+
+
+def _flock_within(fd, deadline):
+    """An exclusive flock on ``fd``, tried until ``deadline`` (BlockingIOError after it).
+
+    Polled: a blocking flock cannot be bounded without a signal, and the
+    wait is for a predecessor's exit, a handful of tries.
+    """
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(LOCK_POLL)
 
 
 def _address(sock):
@@ -265,7 +299,7 @@ def _drop(role, unprivileged):
 
 
 def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivileged):
-    sm = cotyledon.ServiceManager(graceful_shutdown_timeout=conf.cni_daemon.request_timeout + 10)
+    sm = cotyledon.ServiceManager(graceful_shutdown_timeout=drain_timeout(conf.cni_daemon))
     registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
     registry.status.set_required_bridges(conf.binding.required_bridges)
     names = {
@@ -315,6 +349,8 @@ def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivile
                 registry.status.request_resync()
 
     def on_terminate():
+        # Before the children drain: new requests wait for the next daemon.
+        handover.withdraw(os.path.dirname(conf.cni_daemon.socket), conf.cni_daemon.socket)
         with contextlib.suppress(ConnectionError, EOFError, OSError):
             registry.status.mark_shutting_down()
         notifier.stop()

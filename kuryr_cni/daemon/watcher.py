@@ -54,6 +54,7 @@ class WatcherService(cotyledon.Service):
         options = dict(watch_timeout=k8s.watch_timeout, on_restart=metrics.watch_restarted,
                        on_event=metrics.watch_event, on_skip=metrics.watch_object_skipped,
                        on_activity=self.registry.status.note_watch_activity,
+                       awaited=self.registry.bindings.awaits_unseen_pod,
                        list_max_bytes=k8s.list_max_bytes, list_timeout=k8s.list_timeout)
         if self.conf.cni_daemon.vif_source != 'kuryrport':
             source = annotation.PodAnnotations(client, node)

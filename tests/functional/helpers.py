@@ -13,6 +13,7 @@ from prometheus_client import parser
 from kuryr_cni import state
 from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
+from tools.testbed import runtime as testruntime
 
 from tests import conftest
 from tests import wait
@@ -47,6 +48,20 @@ def binding(node, pod_key):
             return json.load(f)
     except FileNotFoundError:
         return None
+
+
+def make_pods(node, indexes, active=True):
+    """Pods numbered ``indexes`` in the API stand-in, their VIFs published (and
+    ``active``); returns a sandbox of each, in a network namespace of its own."""
+    sandboxes = []
+    for index in indexes:
+        name = 'pod-%d' % index
+        node.api.create_pod('default', name, testhost.NODE, uid='uid-%d' % index,
+                            annotations={'kuryr.openstack.org/vifs':
+                                         json.dumps(node.vifs(index, active))})
+        sandboxes.append(testruntime.Sandbox('cid-%d' % index, node.pod_netns(), name,
+                                             pod_uid='uid-%d' % index))
+    return sandboxes
 
 
 def add_in_background(pool, node, runtime, sandbox, published=True):

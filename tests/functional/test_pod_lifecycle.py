@@ -1,13 +1,11 @@
 """Pods through the real shim and daemon: ADD, DEL, and many at once."""
 
 import concurrent.futures
-import json
 
 import pytest
 
 from kuryr_cni.binding import owner_tag
 from tools.testbed import host as testhost
-from tools.testbed import runtime as testruntime
 
 from tests.functional import conftest
 from tests.functional import helpers
@@ -15,21 +13,9 @@ from tests.functional import helpers
 pytestmark = pytest.mark.skipif(not conftest.CAN_RUN, reason=conftest.SKIP_REASON)
 
 
-def _make_pods(node, indexes):
-    sandboxes = []
-    for index in indexes:
-        name = 'pod-%d' % index
-        node.api.create_pod('default', name, testhost.NODE, uid='uid-%d' % index,
-                            annotations={'kuryr.openstack.org/vifs':
-                                         json.dumps(node.vifs(index))})
-        sandboxes.append(testruntime.Sandbox('cid-%d' % index, node.pod_netns(), name,
-                                             pod_uid='uid-%d' % index))
-    return sandboxes
-
-
 def test_add_then_del_leaves_nothing_behind(daemon, runtime):
     node = daemon
-    (sandbox,) = _make_pods(node, [7])
+    (sandbox,) = helpers.make_pods(node, [7])
     outcome = runtime.add(sandbox)
     assert outcome.ok, outcome
     assert outcome.output['ips'] == [{'address': '10.10.0.7/24', 'gateway': testhost.GATEWAY,
@@ -51,7 +37,7 @@ def test_add_then_del_leaves_nothing_behind(daemon, runtime):
 
 def test_fifty_pods_at_once_get_working_distinct_interfaces(daemon, runtime):
     node = daemon
-    sandboxes = _make_pods(node, range(20, 70))
+    sandboxes = helpers.make_pods(node, range(20, 70))
     with concurrent.futures.ThreadPoolExecutor(50) as pool:
         outcomes = list(pool.map(runtime.add, sandboxes))
     assert [o.code for o in outcomes] == [0] * 50, [o.output for o in outcomes if not o.ok]

@@ -7,9 +7,12 @@ server without the watch cache serves watches from etcd, which answers 410
 only for versions compacted away. Both are exercised here.
 """
 
+import datetime
 import http.client
 import json
+import re
 import ssl
+import time
 
 import pytest
 
@@ -58,6 +61,53 @@ def test_after_a_restart_the_watch_resumes_and_an_add_works(cluster, node, runti
     refused = cluster.refused(since)
     assert all(k8s.query_of(uri)['resourceVersion'] == last for uri in refused), refused
     assert 'cannot watch resource "pods"' in node.daemon_log() or not refused
+
+
+# listwatch's warning for each failure, with the backoff that follows it.
+BACKOFF = re.compile(r'^(\S+ \S+) \d+ WARNING kuryr_cni\.listwatch .*?; retrying in ([\d.]+) s',
+                     re.MULTILINE)
+LONGEST_BACKOFF = 15        # seconds: the least of the last tier (backoff_max 30, halved)
+
+
+def backoffs(log):
+    """``[(wall-clock end, seconds)]`` of each backoff the watcher logged."""
+    return [(datetime.datetime.strptime(at, '%Y-%m-%d %H:%M:%S.%f').timestamp()
+             + float(delay), float(delay)) for at, delay in BACKOFF.findall(log)]
+
+
+def test_after_an_outage_an_add_for_a_new_pod_cuts_the_watchers_backoff_short(
+        cluster, node, runtime):
+    """kube-apiserver stopped and started again, the node's link to it down meanwhile
+    and until the watcher begins a backoff of 15-30 s (~25 s of outage or more; the
+    link makes the server's return, for the node, an instant of the test's choosing).
+    A pod created as soon as the server answers the node again is ADDed well before
+    that backoff ends: the ADD waiting for it makes the watcher retry early."""
+    node.start_daemon(vif_timeout=60)
+    log_start = len(node.daemon_log())
+    cluster.stop()
+    # Down once the watcher saw the server go (its stream ended), or it would wait on.
+    wait.until(lambda: backoffs(node.daemon_log()[log_start:]), 30, 'the first failure')
+    testhost.ip('-n', node.ns, 'link', 'set', k8s.NODE_LINK, 'down')
+    try:
+        cluster.start()
+        before = len(backoffs(node.daemon_log()[log_start:]))
+        ends, delay = wait.until(
+            lambda: next((b for b in backoffs(node.daemon_log()[log_start:])[before:]
+                          if b[1] >= LONGEST_BACKOFF), None),
+            120, 'a backoff of the longest kind')
+    finally:
+        testhost.ip('-n', node.ns, 'link', 'set', k8s.NODE_LINK, 'up')
+    answering = time.time()
+    pod = cluster.create_pod('default', 'after-outage', node.name, testhost.Host.vifs(7))
+    log_at_create = len(node.daemon_log())
+    outcome = runtime.add(node.sandbox(pod))
+    added = time.time()
+    assert outcome.ok, outcome
+    # Long before the backoff under way would have ended: the watcher retried early.
+    assert added < ends, (added, ends)
+    assert 'retrying the API server' in node.daemon_log()[log_at_create:]
+    print('\nADDed %.2f s after the server answered the node again, %.1f s before the '
+          '%.1f s backoff would have ended' % (added - answering, ends - added, delay))
 
 
 def test_after_a_restart_an_expired_version_relists_once_from_the_cache(cluster, node):

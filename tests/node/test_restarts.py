@@ -1,9 +1,13 @@
-"""The daemon and kubelet restarted, or the daemon killed, while pods run and go."""
+"""The daemon and kubelet restarted, or the daemon killed, while pods run, go and start."""
 
 import os
 import re
 import signal
+import time
 
+import pytest
+
+from tests import pace
 from tests.functional import helpers
 from tests.node.checks import assert_connected, delta, host_sandboxes, requests
 
@@ -102,3 +106,47 @@ def test_kubelet_restarted_while_pods_run(node, controller, pods):
     sent = delta(before, requests(node))
     sent.pop(('DEL', 'noop'), None)
     assert sent == {}, sent
+
+
+def _replace(node):
+    """A DaemonSet-style replace: the next daemon started as the old one is told to stop."""
+    old = node.daemon
+    os.kill(old.pid, signal.SIGTERM)
+    node.start_daemon()
+    assert old.wait(60) == 0
+
+
+def _kill(node):
+    """A crash of the whole daemon, its supervisor starting the next."""
+    os.killpg(node.daemon.pid, signal.SIGKILL)
+    node.daemon.wait(30)
+    node.start_daemon()
+
+
+RESTART_RATE = 10       # pods created a second across the restart
+RESTART_PODS = 60       # at most
+
+
+@pytest.mark.parametrize('restart', [_replace, _kill], ids=['replace', 'kill'])
+def test_no_pod_start_fails_while_the_daemon_restarts(cluster, node, pods, restart):
+    """Pods created at 10 a second across a restart: all run, and kubelet records no
+    FailedCreatePodSandBox (the shim waited for the next daemon)."""
+    prefix = 's-%s-' % restart.__name__.strip('_')
+    names = ['%s%d' % (prefix, i) for i in range(RESTART_PODS)]
+    with pace.Stream(pods.create, names, RESTART_RATE) as created:
+        created.wait_sent(RESTART_RATE)     # a second of pods before the restart
+        down = time.monotonic()
+        restart(node)
+        up = time.monotonic()
+        created.wait_sent(created.wait_sent(0) + RESTART_RATE)
+    made = [c.outcome['metadata']['name'] for c in created.calls]
+    pods.wait_running(made, timeout=240)
+    failures = [(event['involvedObject']['name'], event['message'])
+                for event in cluster.events()
+                if event['reason'] == 'FailedCreatePodSandBox'
+                and event['involvedObject']['name'].startswith(prefix)]
+    assert failures == []
+    sent_during = [c for c in created.calls if down <= c.started <= up]
+    assert sent_during      # or the restart met no pod start
+    print('\n%s: %d pods, %d created during the %.2f s restart, 0 FailedCreatePodSandBox'
+          % (restart.__name__, len(made), len(sent_during), up - down))

@@ -25,6 +25,8 @@ from kuryr_cni.vifsource import annotation
 from kuryr_cni.vifsource import kuryrport
 from tools.testbed import apiserver
 
+from tests import wait
+
 pytestmark = pytest.mark.usefixtures('no_leftover_threads')
 
 NODE = 'node-1'
@@ -472,6 +474,37 @@ def test_stop_during_backoff_returns_promptly(server, run):
     h.watcher.stop()
     h.thread.join(WAIT)
     assert not h.thread.is_alive()
+
+
+def test_an_awaited_object_cuts_the_backoff_short(server, run):
+    """A CNI request waiting for a pod not seen: the watcher does not sit out a 15-30 s
+    backoff once the server is back."""
+    awaited = threading.Event()
+    h = run(backoff_initial=30, backoff_max=60, awaited=awaited.is_set)
+    h.wait_streaming()
+    server.stop()
+    h.sink.wait_for(lambda s: s.synced is False, 'the failure')
+    server.create_pod('default', 'new', NODE, uid='uid-new')
+    server.start()
+    awaited.set()
+    h.sink.wait_for(lambda s: 'default/new' in s.pods, 'the new pod, well before 15 s')
+    assert h.restarts == ['error']
+
+
+def test_early_retries_are_spaced_and_the_spacing_grows(server, run, caplog):
+    """While the server stays down, a request still waiting gets early retries at most
+    one per EARLY_FIRST s, the spacing doubling: a fleet of nodes cannot stampede."""
+    caplog.set_level(logging.INFO)
+    h = run(backoff_initial=30, backoff_max=60, awaited=lambda: True)
+    h.wait_streaming()
+    server.stop()
+
+    def retried():
+        return [r.created for r in caplog.records if 'retrying the API server' in r.getMessage()]
+    wait.until(lambda: len(retried()) >= 3, WAIT, 'three early retries')
+    first, second, third = retried()[:3]
+    assert second - first >= listwatch.EARLY_FIRST
+    assert third - second >= 2 * listwatch.EARLY_FIRST
 
 
 def test_backoff_grows_with_jitter_and_is_capped():

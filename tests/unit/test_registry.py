@@ -361,6 +361,20 @@ def test_an_adds_calls_return_the_pods_record_of_the_same_managers_pod_table(reg
     assert reg.bindings.adds_since(0) == {'c1', 'c2', 'c3'}
 
 
+def test_an_add_awaits_an_unseen_pod_until_the_pods_table_has_it(reg):
+    assert not reg.bindings.awaits_unseen_pod()
+    reg.bindings.add_started('c0', time.monotonic())      # no pod named: awaits nothing
+    assert not reg.bindings.awaits_unseen_pod()
+    reg.bindings.add_started('c1', time.monotonic(), 'demo/a', token='t1')
+    assert reg.bindings.awaits_unseen_pod()
+    reg.pods.put('demo/a', {'uid': 'u1', 'vifs': {}})
+    assert not reg.bindings.awaits_unseen_pod()
+    reg.pods.drop('demo/a')
+    assert reg.bindings.awaits_unseen_pod()
+    reg.bindings.add_finished('t1')
+    assert not reg.bindings.awaits_unseen_pod()
+
+
 # -- the Manager process ------------------------------------------------------
 
 def test_manager_process_is_named_after_its_role(started):
