@@ -35,6 +35,7 @@ Invariants, as issue 32 states them:
 """
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -530,6 +531,20 @@ class Protocol(RuleBasedStateMachine):
         assert not shared, 'pods of the node share addresses: %s' % shared
 
     # The end -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def driven(self):
+        """Drive this machine by hand (a named regression, a crash point) as Hypothesis
+        would: invariants checked first, the wind-down's checks at the end; after a
+        failure, only the clean-up."""
+        try:
+            self.assert_invariants()
+            yield self
+        except BaseException:
+            self.stop_daemon()
+            self.teardown_resources()
+            raise
+        self.teardown()
 
     def teardown(self):
         try:

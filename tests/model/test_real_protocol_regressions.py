@@ -12,17 +12,10 @@ POD0, POD1 = rp.PODS
 
 def replay(*steps, machine=None):
     """Run ``steps`` (``(action, args...)``) on a fresh :class:`rp.Protocol`, then wind down."""
-    machine = machine or rp.Protocol()
-    try:
-        machine.assert_invariants()
+    with (machine or rp.Protocol()).driven() as machine:
         for action, *args in steps:
             getattr(machine, action)(*args)
             machine.assert_invariants()
-    except BaseException:
-        machine.stop_daemon()
-        machine.teardown_resources()
-        raise
-    machine.teardown()
 
 
 def test_failed_plug_whose_rollback_fails_keeps_its_record():
