@@ -81,3 +81,13 @@ def test_housekeeping_removes_that_lock_file_while_the_daemon_runs():
            ('housekeeping',),
            ('assert_no_lock_files',),
            machine=machine)
+
+
+def test_lock_file_of_an_add_killed_before_a_restart_goes():
+    """The same across a restart: the registry forgot the dead ADD, so the DEL without
+    the pod's name cannot find the pod; PodLocks.remove_unused (restore, housekeeping)
+    removes the file. Fails with remove_unused doing nothing."""
+    replay(('vifs', POD0, 0, False),
+           ('add', 'p0-s0', 1),
+           ('restart',),
+           ('delete', 'p0-s0', None, False))
