@@ -20,8 +20,9 @@ fingerprints from the initial state: at each step, the successor whose
 fingerprint is the next one. Two distinct states with one fingerprint would
 hide the second (and what only it leads to): for n states and a uniform 64-bit
 hash the chance that any two of them collide is at most n²/2⁶⁵ (4·10⁻⁷ for
-four million, 3·10⁻⁶ for ten million); see :func:`fingerprint` for why the hash is
-taken as uniform, and ``test_fingerprints_lose_no_state`` for a check.
+four million, 4·10⁻⁶ for the 12.7 million of the largest bound); see
+:func:`fingerprint` for why the hash is taken as uniform, and
+``test_fingerprints_lose_no_state`` for a check.
 """
 
 import array
