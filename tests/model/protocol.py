@@ -23,11 +23,15 @@ error; ``_plug`` drops the ``plugging`` record whatever the rollback did) and
 ``fixed``, with each of :data:`FIXES` (the entry is kept and retried; the
 record is kept until the rollback completed; the owner's DEL removes tagged
 devices it has no record of; housekeeping removes lock files of pods with no
-binding). The invariants are at the end (:func:`check_state`,
-:func:`check_step`, :func:`check_quiescent`).
+binding; a DEL cancels its sandbox's ADDs in flight, ``cancel_adds``, which
+``admit_add`` and ``add_look`` check). The explorer may store a state and
+its renamings as one (:meth:`Model._symmetry` says when that is sound). The
+invariants are at the end (:func:`check_state`, :func:`check_step`,
+:func:`check_quiescent`).
 """
 
 import dataclasses
+import itertools
 import typing
 
 VARIANTS = ('2c4a2fa', 'fixed')
@@ -45,6 +49,11 @@ FIXES = {
                                  'with no binding (found by this model: a GC killed in its '
                                  'hold, or a DEL finding no binding whose _remove_tagged '
                                  'failed, leaves one for good)',
+    'del_cancels_adds': 'a DEL marks its sandbox\'s ADDs in flight cancelled before it looks '
+                        'for the binding (BindingTable.cancel_adds), and an ADD so marked '
+                        'claims nothing (admit_add) and stops waiting for its VIFs (add_look) '
+                        '(found by the real-code state machine: the ADD of a sandbox the '
+                        'runtime had given up on and deleted plugged it afterwards)',
 }
 
 # What each step is in the real code, and the filesystem calls it makes, in
@@ -54,6 +63,8 @@ STEPS = {
     'add_started': ('registry.BindingTable.add_started', ()),
     'hold': ('podlock.PodLocks.hold', (('open', 'lock'), ('flock', 'lock'))),
     'admit_add': ('registry.BindingTable.admit_add', ()),
+    'add_look': ('registry.BindingTable.add_look', ()),
+    'cancel_adds': ('registry.BindingTable.cancel_adds', ()),
     'save': ('state.BindingStore.save', (('open', 'binding.tmp'), ('write', 'binding.tmp'),
                                          ('fsync', 'binding.tmp'), ('rename', 'binding'),
                                          ('fsync', 'bindings/'))),
@@ -79,7 +90,10 @@ STEPS = {
                        ()),
     'replay': ('daemon.recovery.replay_queue (DelQueue.entries)', ()),
     'resync_mirror': ('daemon.recovery.resync_mirror', ()),
-    'remove_orphan_locks': ('daemon.housekeeping.Housekeeper.tick (proposed)',
+    # Housekeeper.tick calls it, and so does recovery.restore before the socket opens:
+    # the model has housekeeping only, which may run right after the restart, before
+    # any request, as the restore's call does; or later.
+    'remove_orphan_locks': ('podlock.PodLocks.remove_unused',
                             (('flock', 'lock'), ('unlink', 'lock'))),
     'up': ('daemon.main (the socket opens)', ()),
 }
@@ -93,6 +107,9 @@ EVENTS = {
     'runtime GC': 'the runtime posts /gc (Ownership.stale_attachments, collect)',
     'shim queueIfUnanswered': 'shim: the daemon did not answer a DEL: queue it, answer success',
     'shim times out': 'shim: the DEL outlived its timeout while the daemon works on it',
+    'runtime gives up on ADD': 'the shim\'s timeout, or containerd cancelling RunPodSandbox '
+                               '(killing the shim): the runtime sees the ADD fail and DELs '
+                               'the sandbox while the daemon\'s worker goes on',
     'watcher publishes VIF': 'kuryr-controller annotates the pod; ListWatch puts its record',
     'neutron activates VIF': 'Neutron marks the port ACTIVE once its host side exists',
     'kill worker': 'a CNI worker SIGKILLed (cotyledon starts another; resync requested)',
@@ -165,6 +182,7 @@ class State(typing.NamedTuple):
     set_aside: frozenset    # queued DELs moved to *.corrupt-*
     devices: frozenset      # sandboxes whose tagged host device (and OVS row) exists
     adds: frozenset         # registry: ADDs in flight (a dead worker's until it ages out)
+    cancelled: frozenset    # registry: those of them a DEL of their sandbox cancelled
     reserved: frozenset     # registry: sandboxes whose ADD holds an address reservation
     newest: tuple           # registry: per pod, the sandbox of its newest ADD, or ''
     vifs: tuple             # watcher: per pod (incarnation, published, active)
@@ -196,6 +214,51 @@ class Model:
                 before = sid
         self.index = {sid: i for i, sid in enumerate(self.sandboxes)}
         self.ports = [pod.port for pod in bounds.pods]
+        self.renamings = self._symmetry()
+
+    def _symmetry(self):
+        """The renamings of pods (and with each its sandboxes, in order) that map every
+        behaviour of the model to one of its behaviours: the explorer stores a state
+        and its renamings as one.
+
+        Two pods are interchangeable when they have the same incarnations and each
+        has a port of its own. Nothing then tells them apart: every transition and
+        check treats each pod, and each sandbox by its pod and place, alike. A pod
+        sharing a port is not: the second (in order) starts only once the first is
+        deleted (:meth:`_port_free`). Sandboxes of one pod are never interchangeable:
+        the runtime starts them one after the other. Renaming changes the order in
+        which successors are listed (workers are sorted by name), not which exist.
+        """
+        pods = self.bounds.pods
+        alike = [p for p, pod in enumerate(pods) if self.ports.count(pod.port) == 1]
+        groups = {}
+        for p in alike:
+            groups.setdefault(pods[p].incarnations, []).append(p)
+        renamings = [tuple(range(len(pods)))]
+        for group in groups.values():
+            renamings = [_permuted(perm, group, order) for perm in renamings
+                         for order in itertools.permutations(group)]
+        return [self._renaming(perm) for perm in renamings[1:]]
+
+    def _renaming(self, perm):
+        """``perm`` (pod p becomes pod perm[p]) as a function of states."""
+        names = {sid: '%s%d' % (self.bounds.pods[perm[self.pod_of[sid]]].name, self._place(sid))
+                 for sid in self.sandboxes}
+        inverse = [perm.index(p) for p in range(len(perm))]
+        slots = [self.index[names[sid]] for sid in self.sandboxes]
+        unslot = [slots.index(k) for k in range(len(slots))]
+        return _Renaming(perm, inverse, names, unslot)
+
+    def _place(self, sid):
+        p = self.pod_of[sid]
+        return [s for s in self.sandboxes if self.pod_of[s] == p].index(sid) + 1
+
+    def canonical(self, st):
+        """``st`` as the explorer stores it: of it and its renamings, the one whose
+        hash is least (see :meth:`_symmetry`)."""
+        if not self.renamings:
+            return st
+        return min([st] + [rename(st) for rename in self.renamings], key=hash)
 
     def initial(self):
         n = len(self.bounds.pods)
@@ -203,7 +266,7 @@ class Model:
         return State(
             daemon='up', bindings=(None,) * n, mirror=(None,) * n, locks=frozenset(),
             tmp=frozenset(), queue=(), set_aside=frozenset(), devices=frozenset(),
-            adds=frozenset(), reserved=frozenset(), newest=('',) * n,
+            adds=frozenset(), cancelled=frozenset(), reserved=frozenset(), newest=('',) * n,
             vifs=tuple((pod.incarnations[0], False, False) for pod in b.pods),
             workers=(), runtime=(('', b.dels_per_sandbox, False, False),) * len(self.sandboxes),
             resync=False, budget=(b.disruptions, b.refusals, b.gcs), refusing=False)
@@ -216,6 +279,8 @@ class Model:
         owner, sbs = _unpack(st.bindings[p])
         refused = (('release_remove' if not sbs else 'release', p), ('add_finished', sid),
                    ('answer', 'error'))
+        if sid in st.cancelled:
+            return refused, False       # deleted meanwhile: admit_add says so first
         newest = st.newest[p]
         if newest not in ('', sid):
             return refused, False       # superseded by a newer sandbox's ADD
@@ -332,6 +397,9 @@ class Model:
         failed = (('add_finished', w.sid), ('answer', 'error'))
         if w.stage == 'wait_vifs':
             inc, published, active = st.vifs[p]
+            if w.sid in st.cancelled:
+                return [(name + ': _wait ends, add_look: deleted',
+                         _put(st, st.workers, w._replace(stage='run', plan=failed)))]
             if inc == self.incarnation[w.sid] and published:
                 w = w._replace(stage='hold', note=('active',) if active else ())
                 if any(o.holds == p for o in st.workers):
@@ -393,7 +461,10 @@ class Model:
         if kind == 'release_remove':
             return st._replace(locks=st.locks - {step[1]}), w._replace(holds=-1)
         if kind == 'add_finished':
-            return st._replace(adds=st.adds - {step[1]}, reserved=st.reserved - {step[1]}), w
+            return _add_ended(st, step[1]), w
+        if kind == 'cancel_adds':
+            return (st._replace(cancelled=st.cancelled | (st.adds & {step[1]})),
+                    w._replace(stage='hold'))
         if kind == 'wait_active':
             return st, w._replace(stage='wait_active')
         if kind == 'answer':
@@ -462,7 +533,19 @@ class Model:
             if w.job == 'RECOVERY':
                 return _put(st, st.workers, w._replace(plan=(('up',),), note=()))
             return st
-        return _put(st, st.workers, w._replace(stage='hold', sid=entries[0], note=entries))
+        return _put(st, st.workers, w._replace(sid=entries[0], note=entries,
+                                               **self._del_starts(st, entries[0])))
+
+    def _del_starts(self, st, sid):
+        """Where Ownership.delete starts: cancel_adds, then the lock. Without the fix, or
+        when no worker runs an ADD of the sandbox, the lock at once: the mark is read
+        by that ADD only, and the runtime sends no ADD of a sandbox after its DEL (a
+        dead ADD's registration, until it ages out, is read by no one), so the step
+        would change nothing anyone sees, and leaving it out spares a state per DEL."""
+        if 'del_cancels_adds' in self.fixes and any(
+                w.job == 'ADD' and w.sid == sid for w in st.workers):
+            return dict(stage='run', plan=(('cancel_adds', sid),))
+        return dict(stage='hold', plan=())
 
     def _runtime(self, st):
         out = []
@@ -507,7 +590,8 @@ class Model:
             elif add in ('ok', 'failed') and left > 0:
                 runtime = _set(st.runtime, k, (add, left, True, True))
                 if st.daemon == 'up':
-                    w = Worker('DEL', sid, 'hold', (), True, -1, ())
+                    w = Worker(job='DEL', sid=sid, via_shim=True, holds=-1, note=(),
+                               **self._del_starts(st, sid))
                 else:
                     w = Worker('SHIM', sid, 'run', (('queue_del',), ('answer', 'success')),
                                True, -1, ())
@@ -539,6 +623,13 @@ class Model:
             for leftover in self._leftovers(w):
                 out.append(('kill %s%s' % (label, ' (leaving %s)' % leftover[0] if leftover
                                            else ''), self._killed(spent, rest, w, leftover)))
+            if w.job == 'ADD' and w.via_shim:
+                k = self.index[w.sid]
+                _add, left, _busy, sent = st.runtime[k]
+                failed = spent._replace(runtime=_set(spent.runtime, k, ('failed', left, False,
+                                                                          sent)))
+                out.append(('runtime gives up on ADD %s' % w.sid,
+                            _put(failed, rest, w._replace(via_shim=False))))
             if w.job == 'DEL' and w.via_shim:
                 shim = Worker('SHIM', w.sid, 'run', (('queue_del',), ('answer', 'success')),
                               True, -1, ())
@@ -547,7 +638,8 @@ class Model:
                             _put(detached, detached.workers, shim)))
         if st.daemon != 'down':
             killed = spent._replace(daemon='down', mirror=(None,) * len(st.mirror),
-                                    adds=frozenset(), reserved=frozenset(),
+                                    adds=frozenset(), cancelled=frozenset(),
+                                    reserved=frozenset(),
                                     newest=('',) * len(st.newest), resync=False,
                                     workers=tuple(w for w in st.workers if w.job == 'SHIM'))
             for w in st.workers:
@@ -620,8 +712,7 @@ class Model:
         live = {w.sid for w in st.workers if w.job == 'ADD'}
         readers = healing or any(w.stage == 'hold' and w.job in ('ADD', 'GC') for w in st.workers)
         for sid in sorted((st.adds | st.reserved) - live) if readers else ():
-            out.append(('reservation of %s expires' % sid, st._replace(
-                adds=st.adds - {sid}, reserved=st.reserved - {sid})))
+            out.append(('reservation of %s expires' % sid, _add_ended(st, sid)))
         return out
 
     def _chore(self, st, job, plan):
@@ -677,6 +768,83 @@ def _save(p, owner, sandboxes):
     """Ownership._save: the durable write, then its registry mirror."""
     binding = _pack(owner, sandboxes)
     return [('save', p, binding), ('mirror_put', p, _summary(binding))]
+
+
+def _permuted(perm, group, order):
+    """``perm`` followed by sending ``group``'s pods to ``order``."""
+    moved = dict(zip(group, order))
+    return tuple(moved.get(q, q) for q in perm)
+
+
+# Steps whose second item is a pod's index; the others' is a sandbox (or nothing).
+_POD_STEPS = frozenset({'save', 'save_fast', 'mirror_put', 'mirror_drop', 'remove', 'release',
+                        'release_remove'})
+
+
+class _Renaming:
+    """A state with its pods renamed (see Model._symmetry): every pod index and sandbox
+    name in it, down to the steps workers have left."""
+
+    def __init__(self, perm, inverse, names, unslot):
+        self.perm, self.inverse, self.names, self.unslot = perm, inverse, names, unslot
+
+    def __call__(self, st):
+        sid, pod = self.sid, self.perm.__getitem__
+        return st._replace(
+            bindings=self.per_pod(tuple(self.binding(b) for b in st.bindings)),
+            mirror=self.per_pod(tuple(m and (sid(m[0]), m[1]) for m in st.mirror)),
+            locks=frozenset(map(pod, st.locks)),
+            tmp=frozenset((t[0], pod(t[1]) if t[0] == 'bindings' else sid(t[1]))
+                          for t in st.tmp),
+            queue=tuple(map(sid, st.queue)), set_aside=self.sids(st.set_aside),
+            devices=self.sids(st.devices), adds=self.sids(st.adds),
+            cancelled=self.sids(st.cancelled), reserved=self.sids(st.reserved),
+            newest=self.per_pod(tuple(map(sid, st.newest))), vifs=self.per_pod(st.vifs),
+            workers=tuple(sorted(self.worker(w) for w in st.workers)),
+            runtime=tuple(st.runtime[k] for k in self.unslot))
+
+    def sid(self, name):
+        return self.names.get(name, name)       # '' and None stay
+
+    def sids(self, names):
+        return frozenset(map(self.sid, names))
+
+    def per_pod(self, values):
+        return tuple(values[q] for q in self.inverse)
+
+    def binding(self, binding):
+        if binding is None:
+            return None
+        owner, sandboxes = binding
+        return (self.sid(owner), tuple(sorted((self.sid(s), a) for s, a in sandboxes)))
+
+    def worker(self, w):
+        note = w.note if w.note == ('active',) else tuple(map(self.sid, w.note))
+        return w._replace(sid=self.sid(w.sid), plan=self.plan(w.plan), note=note,
+                          holds=w.holds if w.holds < 0 else self.perm[w.holds])
+
+    def plan(self, plan):
+        return tuple(map(self.step, plan))
+
+    def step(self, step):
+        if len(step) < 2:
+            return step
+        kind, what, *rest = step
+        if kind in _POD_STEPS:
+            if kind in ('save', 'save_fast'):
+                rest = [self.binding(rest[0])]
+            elif kind == 'mirror_put':
+                rest = [rest[0] and (self.sid(rest[0][0]), rest[0][1])]
+            return (kind, self.perm[what], *rest)
+        if kind in KERNEL_STEPS:
+            return (kind, self.sid(what), self.plan(rest[0]))
+        return (kind, self.sid(what), *rest)
+
+
+def _add_ended(st, sid):
+    """BindingTable.add_finished (or a dead ADD aged out): its marks and reservation go."""
+    return st._replace(adds=st.adds - {sid}, cancelled=st.cancelled - {sid},
+                       reserved=st.reserved - {sid})
 
 
 def _without(queue, entry):
@@ -777,33 +945,26 @@ def runtime_done(st):
 HEAL_LIMIT = 400    # steps; more is a livelock
 
 
-def heal(model, st, cache=None):
-    """From a state where the runtime is done: faults healed (no refusal, no more
-    kills), time passes (waits end, dead ADDs age out), the daemon restarts if it is
-    down and housekeeping runs until it has nothing left to do. One fair schedule:
-    the first enabled transition each time, workers first. Returns the healed state
-    and the actions taken; ``cache`` (a dict) remembers where each state seen ends,
-    and then the actions are not returned."""
-    st = st._replace(refusing=False, budget=(0, 0, 0))
-    trace, seen = [], []
+def healing(st):
+    """``st`` with its faults over: the kernel answers, no more kills, refusals or GCs."""
+    return st._replace(refusing=False, budget=(0, 0, 0))
+
+
+def heal(model, st):
+    """From a state where the runtime is done: faults healed (:func:`healing`), time
+    passes (waits end, dead ADDs age out), the daemon restarts if it is down and
+    housekeeping runs until it has nothing left to do. One fair schedule: the first
+    enabled transition each time, workers first. Returns the healed state and the
+    actions taken."""
+    st, trace = healing(st), []
     for _ in range(HEAL_LIMIT):
-        if cache is not None:
-            if st in cache:
-                st = cache[st]
-                break
-            seen.append(st)
         steps = model.successors(st, healing=True)
         if not steps:
-            break
+            return st, trace
         action, st, _worker = steps[0]
         trace.append(action)
-    else:
-        raise AssertionError('no quiescence after %d healing steps: %s'
-                             % (HEAL_LIMIT, trace[-20:]))
-    if cache is not None:
-        cache.update((state, st) for state in seen)
-        trace = None
-    return st, trace
+    raise AssertionError('no quiescence after %d healing steps: %s'
+                         % (HEAL_LIMIT, trace[-20:]))
 
 
 def check_quiescent(model, st):

@@ -29,12 +29,14 @@ Invariants, as issue 32 states them:
 * an ADD in flight stays registered as in flight (a GC spares it);
 * at the end, after every parked ADD has ended, housekeeping and a restart ran:
   nothing of a sandbox whose DEL was answered success (or queued) remains: no
-  device, record, registry entry or queued DEL; then, after a DEL of every
+  device, record, registry entry or queued DEL, and no lock file of a pod left
+  without a binding; then, after a DEL of every
   sandbox and one more restart, the node is empty: no device, binding, lock,
   temporary file, set-aside file or registry row.
 """
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -531,6 +533,20 @@ class Protocol(RuleBasedStateMachine):
 
     # The end -------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def driven(self):
+        """Drive this machine by hand (a named regression, a crash point) as Hypothesis
+        would: invariants checked first, the wind-down's checks at the end; after a
+        failure, only the clean-up."""
+        try:
+            self.assert_invariants()
+            yield self
+        except BaseException:
+            self.stop_daemon()
+            self.teardown_resources()
+            raise
+        self.teardown()
+
     def teardown(self):
         try:
             self.wind_down()
@@ -576,6 +592,11 @@ class Protocol(RuleBasedStateMachine):
         for cid in cids:
             assert self.registry.bindings.find_container(cid) is None, cid
         assert not self.registry.bindings.adds_since(0) & cids
+        # A pod's lock file lives as long as its binding (PodLocks.remove_unused takes
+        # those of pods without one, which a killed ADD or GC may leave).
+        bound = {state.file_stem(pod) for pod in self.ownership.store.load_all()}
+        left = [n for n in self.ownership.locks.held_files() if n[:-len('.lock')] not in bound]
+        assert not left, 'lock files of pods without a binding remain: %s' % left
         assert not _queue_entries(self.state_dir), (
             'the DEL queue still holds %s' % _queue_entries(self.state_dir))
 

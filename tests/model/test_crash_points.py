@@ -24,14 +24,8 @@ POINTS = [(path, n) for path in sorted(paths.PATHS)
                          ids=['%s-%d' % point for point in POINTS])
 def test_a_crash_here_loses_nothing(path, crash_after):
     given, when = paths.PATHS[path]
-    machine = rp.Protocol()
-    try:
+    with rp.Protocol().driven() as machine:
         given(machine)
         machine.assert_invariants()
         when(machine, crash_after)
         machine.assert_invariants()
-    except BaseException:
-        machine.stop_daemon()
-        machine.teardown_resources()
-        raise
-    machine.teardown()

@@ -495,10 +495,22 @@ def test_a_del_of_a_sandbox_whose_add_waits_for_its_vifs_stops_that_add(world, p
     assert world.request('ADD', 'A') == 'ok'    # a later ADD of the sandbox is not refused
 
 
-def test_a_del_while_the_add_waits_for_the_pods_lock_stops_that_add(world, monkeypatch):
-    """ADD A has its VIFs and waits for the pod's lock (held here) when DEL A comes:
-    whichever of the two gets the lock first, the ADD is refused at its claim (code 11)
-    and nothing of A is made."""
+def _held(monkeypatch, owner, name):
+    """Make ``owner.name`` stop when called until released, then do what it did:
+    returns the events ``(entered, release)``."""
+    entered, release = threading.Event(), threading.Event()
+    original = getattr(owner, name)
+
+    def held(*args):
+        entered.set()
+        release.wait(30)
+        return original(*args)
+    monkeypatch.setattr(owner, name, held)
+    return entered, release
+
+
+def _counted_holds(monkeypatch, world):
+    """The pod keys the pod's lock is asked for, in order, from now on."""
     holds = []
     hold = world.ownership.locks.hold
 
@@ -506,6 +518,15 @@ def test_a_del_while_the_add_waits_for_the_pods_lock_stops_that_add(world, monke
         holds.append(pod_key)
         return hold(pod_key, deadline)
     monkeypatch.setattr(world.ownership.locks, 'hold', counted)
+    return holds
+
+
+def test_a_del_while_the_add_waits_for_the_pods_lock_stops_that_add(world, monkeypatch):
+    """ADD A has its VIFs and waits for the pod's lock (held here) when DEL A comes:
+    whichever of the two gets the lock first, the ADD is refused at its claim (code 11)
+    and nothing of A is made."""
+    hold = world.ownership.locks.hold
+    holds = _counted_holds(monkeypatch, world)
     with hold(POD, time.monotonic() + 30):
         add = world.pool.submit(world.request, 'ADD', 'A')
         wait.until(lambda: holds == [POD], what='the ADD to ask for the pod\'s lock')
@@ -521,21 +542,8 @@ def test_a_del_without_the_pod_racing_with_the_claim_waits_for_it_and_removes_it
     """DEL A, without K8S_POD_NAME, arrives while A's ADD, admitted, holds the pod's lock
     and has recorded nothing yet: the DEL finds no binding of A, but the ADD in flight
     names the pod, so it waits for the pod's lock and removes what the ADD plugged."""
-    admitted, release = threading.Event(), threading.Event()
-    refuse_moved = world.ownership._refuse_moved_sandbox
-
-    def held(binding, req):
-        admitted.set()
-        release.wait(30)
-        refuse_moved(binding, req)
-    monkeypatch.setattr(world.ownership, '_refuse_moved_sandbox', held)
-    holds = []
-    hold = world.ownership.locks.hold
-
-    def counted(pod_key, deadline):
-        holds.append(pod_key)
-        return hold(pod_key, deadline)
-    monkeypatch.setattr(world.ownership.locks, 'hold', counted)
+    admitted, release = _held(monkeypatch, world.ownership, '_refuse_moved_sandbox')
+    holds = _counted_holds(monkeypatch, world)
     add = world.pool.submit(world.request, 'ADD', 'A')
     try:
         assert admitted.wait(30)
@@ -597,14 +605,7 @@ def test_the_first_of_two_adds_of_one_sandbox_to_end_leaves_the_other_in_flight(
     the retry is plugging when the first ends. It stays in flight (a GC spares what it
     plugs) until it ends itself: each ADD has its own mark, not its sandbox's."""
     world.start_add('A')
-    plugging, release = threading.Event(), threading.Event()
-    connect = world.kernel.connect
-
-    def held(vif, plug):
-        plugging.set()
-        release.wait(30)
-        connect(vif, plug)
-    monkeypatch.setattr(world.kernel, 'connect', held)
+    plugging, release = _held(monkeypatch, world.kernel, 'connect')
     retry = world.pool.submit(world.request, 'ADD', 'A')
     try:
         assert plugging.wait(30)
