@@ -266,10 +266,12 @@ class ControlledChanges:
             worker.alive()
         return self._real.version(key)
 
-    def wait(self, key, seen, timeout):
+    def wait(self, key, seen, timeout, wake=None):
+        # wake: an OVSDB row's signal (kuryr_cni.readiness); the machine's ownership
+        # waits for `active` alone, so nothing sets it while a worker is parked.
         worker = current()
         if worker is None:
-            return self._real.wait(key, seen, timeout)
+            return self._real.wait(key, seen, timeout, wake)
         worker.alive()
         self._scheduler.park(worker, key, seen)
         worker.alive()
