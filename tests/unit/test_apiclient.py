@@ -17,21 +17,7 @@ import pytest
 from kubernetes import client
 
 from kuryr_cni import apiclient
-
-
-class _Answer(http.server.BaseHTTPRequestHandler):
-    protocol_version = 'HTTP/1.0'       # one connection per request
-
-    def do_GET(self):
-        body = b'{"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}'
-        self.send_response(200)
-        self.send_header('Content-Type', 'application/json')
-        self.send_header('Content-Length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+from tests import api_versions
 
 
 @pytest.fixture
@@ -44,7 +30,7 @@ def https_server(tmp_path):
                     '-subj', '/CN=127.0.0.1', '-addext', 'subjectAltName=IP:127.0.0.1',
                     '-keyout', str(key), '-out', str(cert)],
                    check=True, capture_output=True, timeout=60)
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), _Answer)
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), api_versions.APIVersions)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(cert), str(key))
     server.socket = context.wrap_socket(server.socket, server_side=True)

@@ -17,6 +17,7 @@ from kubernetes import client
 from kuryr_cni import apiclient
 from kuryr_cni import conf as config
 from kuryr_cni.daemon import worker
+from tests import api_versions
 from tests import fixtures
 
 
@@ -142,31 +143,12 @@ def service_account(tmp_path, monkeypatch):
     return directory
 
 
-class _Recorder(http.server.BaseHTTPRequestHandler):
-    """Answers any GET with an APIVersions; keeps each request's Authorization header."""
-
-    protocol_version = 'HTTP/1.0'
-    seen = None
-
-    def do_GET(self):
-        self.seen.append(self.headers.get('Authorization'))
-        body = b'{"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}'
-        self.send_response(200)
-        self.send_header('Content-Type', 'application/json')
-        self.send_header('Content-Length', str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def recording_api():
     """A plain-HTTP API stand-in; yields (url, the Authorization headers it received)."""
     seen = []
     server = http.server.ThreadingHTTPServer(
-        ('127.0.0.1', 0), type('Handler', (_Recorder,), {'seen': seen}))
+        ('127.0.0.1', 0), type('Handler', (api_versions.APIVersions,), {'seen': seen}))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
