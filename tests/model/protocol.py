@@ -626,8 +626,8 @@ class Model:
             if w.job == 'ADD' and w.via_shim:
                 k = self.index[w.sid]
                 _add, left, _busy, sent = st.runtime[k]
-                failed = spent._replace(runtime=_set(spent.runtime, k, ('failed', left, False,
-                                                                          sent)))
+                gave_up = ('failed', left, False, sent)
+                failed = spent._replace(runtime=_set(spent.runtime, k, gave_up))
                 out.append(('runtime gives up on ADD %s' % w.sid,
                             _put(failed, rest, w._replace(via_shim=False))))
             if w.job == 'DEL' and w.via_shim:

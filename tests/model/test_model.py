@@ -179,7 +179,7 @@ def test_the_symmetry_maps_behaviours_to_behaviours():
     assert result.violation is None
     assert result.states == len(classes) < len(reachable)
     killing = protocol.Model(SYMMETRIC.__class__(**dict(vars(SYMMETRIC), disruptions=1,
-                                                       refusals=0)))
+                                                        refusals=0)))
     first = _reachable(killing, most=3000)
     assert any(st.tmp for st in first)
     _commutes(killing, first)
