@@ -17,8 +17,8 @@ script a runtime really produces, picked and ordered from a printed seed
 In each wave's first phase CNI workers are SIGKILLed at random moments; the
 runtime retries what failed (code 11), as kubelet does. Between waves the
 daemon is stopped (SIGTERM) and started again; while it is down DELs go
-through the shim into its queue (owner DELs and late DELs) and an ADD is
-refused with code 11.
+through the shim into its queue (owner DELs and late DELs) and an ADD waits
+for a daemon until its own timeout (2 s for this one), then fails with code 11.
 
 Why the stale-DEL count can be exact: a stale DEL is counted when the daemon
 judges it, before it answers, so a kill between the two would make the
@@ -299,7 +299,11 @@ class Storm:
     def while_down(self):
         """DELs into the shim's queue while the daemon is down; returns how many."""
         live = [p for p in self.pods if p.live is not None]
-        refused = self.runtime.add(live[0].live)      # nobody answers: try again later
+        # Waits for a daemon (a restart is usually seconds) until its timeout, then fails.
+        impatient = testruntime.Runtime(self.node.socket, self.node.state_dir,
+                                        self.runtime.cache_dir, shim=self.runtime.shim,
+                                        timeout=2)
+        refused = impatient.add(live[0].live)
         self._count('ADD', refused)
         assert refused.error_code == 11, refused
         replaced = [p for p in live if p.late]
