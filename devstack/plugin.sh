@@ -140,6 +140,8 @@ import sys
 name, socket, timeout, state_dir = sys.argv[1:]
 json.dump({
     'cniVersion': '1.0.0',
+    # A runtime whose libcni knows 1.1.0 picks it (STATUS, GC); libcni 1.1 keeps 1.0.0.
+    'cniVersions': ['1.0.0', '1.1.0'],
     'name': name,
     'plugins': [{
         'type': 'kuryr-cni',

@@ -107,14 +107,19 @@ class Adopter:
     def _may_be_foreign(self, vif):
         """Whether kuryr-daemon's devices of ``vif`` may exist: always for nested kinds
         (in the pod's namespace, looked at anyway), for OVS kinds only while an OVS
-        row we did not tag carries its port (see FOREIGN_REFRESH)."""
+        row we did not tag carries its port (see FOREIGN_REFRESH).
+
+        OVSDB out of reach counts as no row: nothing can be proven, and a DEL must
+        not fail for as long as it is (a node with no Open vSwitch at all, a VIF
+        refused by policy); what kuryr-daemon left is found later (a new sandbox's
+        ADD, the next start)."""
         if vif.kind in foreign.NESTED_KINDS:
             return True
         cached = self._foreign_ids
         if cached is None or (cached[1] and time.monotonic() - cached[0] > FOREIGN_REFRESH):
             ids = self.kernel.foreign_iface_ids()
             if ids is None:
-                return True         # OVSDB unreachable: look (the ADD's plug fails anyway)
+                return False
             cached = self._foreign_ids = (time.monotonic(), ids)
         return vif.port_id in cached[1]
 

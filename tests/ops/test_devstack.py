@@ -696,6 +696,7 @@ def test_post_config_writes_the_conflist(host):
     data = json.loads(conflist.read_text())
     assert data == {
         'cniVersion': '1.0.0',
+        'cniVersions': ['1.0.0', '1.1.0'],
         'name': 'kuryr',
         'plugins': [{
             'type': 'kuryr-cni',
@@ -1084,12 +1085,17 @@ def _services_of(where):
 
 def _tier_conf(name):
     """A configuration file tools/openstack writes (``kuryr/kuryr.conf``,
-    ``neutron/plugins/ml2/ml2_conf.ini``), read from the tool as shipped."""
+    ``neutron/plugins/ml2/ml2_conf.ini``), read from the tool as shipped, its
+    variables given their defaults (``start`` without ``--nested``, the gate's)."""
     text = (REPO / 'tools' / 'openstack').read_text()
     body = re.search(r'cat >"\$etc/%s" <<EOF\n(.*?)\nEOF\n' % re.escape(name), text, re.S)
     assert body, 'tools/openstack writes no %s' % name
+    start = re.search(r'^start\(\) \{\n(.*?)^    while ', text, re.S | re.M).group(1)
+    defaults = dict(re.findall(r'\b([A-Z_]+)=([^\s\'"$]+)', start))
+    conf = re.sub(r'\$([A-Z_]+)', lambda m: defaults.get(m.group(1), m.group(0)),
+                  body.group(1))
     parser = configparser.ConfigParser(interpolation=None)
-    parser.read_string(body.group(1))
+    parser.read_string(conf)
     return parser
 
 
