@@ -75,6 +75,20 @@ def replay_at_restart(machine, crash_after=None):
     machine.restart(crash_after)       # recovery replays the queued DEL
 
 
+def kuryr_daemon_plugged(machine):
+    """A1 plugged by kuryr-daemon while this daemon was down; then it starts."""
+    machine.vifs(POD0, 0, True)
+    machine.stop()
+    machine.kuryr_daemon_sandbox(A1)
+    machine.restart()
+
+
+def kuryr_daemon_orphan(machine):
+    """As kuryr_daemon_plugged, and A1's namespace (with the veth) gone before its DEL."""
+    kuryr_daemon_plugged(machine)
+    machine.remove_netns(A1)
+
+
 PATHS = {
     'Ownership.add: first sandbox of a pod': (
         lambda m: m.vifs(POD0, 0, True), lambda m, n=None: m.add(A1, n)),
@@ -93,6 +107,14 @@ PATHS = {
         lambda m: plugged(m, A1), lambda m, n=None: m.gc(n, valid=set())),
     'recovery.replay_queue: one queued DEL of the owner': (
         queued_del_of_the_owner, replay_at_restart),
+    'Adopter.adopt_for_delete: the DEL of a sandbox kuryr-daemon plugged': (
+        kuryr_daemon_plugged, lambda m, n=None: m.delete(A1, n)),
+    'Adopter.adopt_for_delete: an orphan of kuryr-daemon removed': (
+        kuryr_daemon_orphan, lambda m, n=None: m.delete(A1, n)),
+    'Adopter.evict_foreign: a new sandbox evicts kuryr-daemon\'s port': (
+        kuryr_daemon_plugged, lambda m, n=None: m.add(A2, n)),
+    'Adopter.scan: at start-up, a sandbox kuryr-daemon plugged': (
+        kuryr_daemon_plugged, lambda m, n=None: m.housekeeping(n)),
     'shim queueDel': (
         lambda m: (plugged(m, A1), m.stop()), lambda m, n=None: m.delete(A1, n)),
 }

@@ -96,9 +96,22 @@ STEPS = {
     'remove_orphan_locks': ('podlock.PodLocks.remove_unused',
                             (('flock', 'lock'), ('unlink', 'lock'))),
     'up': ('daemon.main (the socket opens)', ()),
+    # The adoption of kuryr-daemon's devices (kuryr_cni.adoption): the record first,
+    # durable, then the tags; a crash between leaves a record naming untagged devices,
+    # which Finder.release removes as the record's (its tag check lets untagged ones go).
+    'find_foreign': ('kernel.Kernel.find_foreign (Adopter.adopt_for_delete, '
+                     'Adopter.evict_foreign, Adopter._scan_pod)', ()),
+    'adopt_record': ('adoption.Adopter._adopt (save before any tag)',
+                     (('open', 'binding.tmp'), ('write', 'binding.tmp'), ('fsync', 'binding.tmp'),
+                      ('rename', 'binding'), ('fsync', 'bindings/'))),
+    'tag_foreign': ('kernel.Kernel.tag_foreign (Adopter._adopt)', ()),
+    'evict_foreign': ('kernel.Kernel.discard_foreign (Adopter.evict_foreign)', ()),
+    'discard_orphan': ('kernel.Kernel.discard_foreign (Adopter.adopt_for_delete, orphan)', ()),
+    'scan': ('adoption.Adopter.scan (Housekeeper.tick, once synced)', ()),
 }
 
-KERNEL_STEPS = ('connect', 'disconnect', 'remove_tagged')
+KERNEL_STEPS = ('connect', 'disconnect', 'remove_tagged', 'tag_foreign', 'evict_foreign',
+                'discard_orphan')
 
 # Transitions that are not a worker's step, and the code (or world) they stand for.
 EVENTS = {
@@ -1021,6 +1034,16 @@ def _durable_steps():
         'recovery.replay_queue: one queued DEL of the owner':
             delete(one, 'a1') + list(STEPS['done'][1]),
         'shim queueDel': list(STEPS['queue_del'][1]),
+        # Adoption (kuryr_cni.adoption): the pod has no binding, kuryr-daemon's port
+        # of its VIF is on br-int. A DEL adopts (the record, then the tag) and goes on
+        # as the owner's; an orphan is discarded with no record; an ADD evicts the port
+        # before its own claim; the start-up scan adopts under the pod's lock.
+        'Adopter.adopt_for_delete: the DEL of a sandbox kuryr-daemon plugged':
+            hold + list(STEPS['adopt_record'][1]) + delete(one, 'a1')[len(hold):],
+        'Adopter.adopt_for_delete: an orphan of kuryr-daemon removed': delete(empty, 'a1'),
+        'Adopter.evict_foreign: a new sandbox evicts kuryr-daemon\'s port': add(empty, 'a1'),
+        'Adopter.scan: at start-up, a sandbox kuryr-daemon plugged':
+            hold + list(STEPS['adopt_record'][1]),
     }
 
 

@@ -51,6 +51,7 @@ from hypothesis.stateful import invariant
 from hypothesis.stateful import precondition
 from hypothesis.stateful import rule
 
+from kuryr_cni import adoption
 from kuryr_cni import ownership as ownership_mod
 from kuryr_cni import podlock
 from kuryr_cni import registry as registry_mod
@@ -60,7 +61,7 @@ from kuryr_cni.daemon import api
 from kuryr_cni.daemon import housekeeping
 from kuryr_cni.daemon import recovery
 from tests.model import crashpoints
-from tests.unit import recording_kernel
+from tests.model import foreign_node
 
 NETWORK = 'kuryr'
 NAMESPACE = 'default'
@@ -80,12 +81,15 @@ def pod_of(cid):
 
 
 class RecordingNode:
-    """The node's kernel as the recording stand-in (tests/unit/recording_kernel.py)."""
+    """The node's kernel as the recording stand-in (tests/unit/recording_kernel.py), with
+    kuryr-daemon's OVS ports (tests/model/foreign_node.py): OVS VIFs on br-int."""
 
-    bridge = 'br0'
+    bridge = 'br-int'
+    vif_kind = 'ovs'
+    foreign = True          # kuryr-daemon's devices may be on it: the adoption runs
 
     def __init__(self):
-        self.kernel = recording_kernel.RecordingKernel()
+        self.kernel = foreign_node.ForeignKernel()
 
     def port(self):
         return self.kernel
@@ -103,7 +107,7 @@ class RecordingNode:
 
     def devices(self):
         """Every device carrying an owner tag: ``{(container_id, ifname, where)}``."""
-        found = {(cid, ifname, 'host') for cid, ifname in self.kernel.host}
+        found = {(cid, ifname, 'host') for cid, ifname in self.kernel.tagged_host_devices()}
         for path, links in self.kernel.namespaces.items():
             found |= {(owner[0], owner[1], path) for owner in links.values() if owner}
         return found
@@ -112,12 +116,12 @@ class RecordingNode:
         pass
 
 
-def vif(pod_index, variant, bridge, active):
+def vif(pod_index, variant, bridge, active, kind='bridge'):
     """Variant 0 and 1: ports of the pod's own; 2: a port ID the other pod's variant 0
     also names (with the pod's own MAC and IP), as a hostile or mistaken annotation could."""
     port = 'port-%d-%d' % (pod_index, variant) if variant < 2 else 'port-%d-0' % (1 - pod_index)
     return vif_model.parse_vif({
-        'kind': 'bridge', 'port_id': port, 'bridge': bridge,
+        'kind': kind, 'port_id': port, 'bridge': bridge,
         'mac': 'fa:16:3e:00:%02x:%02x' % (pod_index, variant),
         'ips': ['10.99.0.%d/24' % (10 + 10 * pod_index + variant)], 'gateway': '10.99.0.1',
         'active': active}).to_dict()
@@ -151,6 +155,10 @@ class Protocol(RuleBasedStateMachine):
         self.deleted = set()        # DEL answered success (or queued by the shim)
         self.connected = set()      # ADD answered success, not since undone by the runtime
         self.shim_seq = 0
+        self.kuryr_daemon_made = set()     # sandboxes kuryr-daemon plugged before the switch
+        self.vif_moved = set()      # of those, whose pod's VIF changed since (their port unproven)
+        self.identities = foreign_node.sandbox_identities(self.identified_sandboxes)
+        self.identities.__enter__()
         self.start_daemon()
 
     # The daemon -------------------------------------------------------------------------
@@ -164,7 +172,8 @@ class Protocol(RuleBasedStateMachine):
         self.ownership = ownership_mod.Ownership(
             registry=guarded, store=state.BindingStore(self.state_dir),
             locks=podlock.PodLocks(state.ensure_dir(os.path.join(self.state_dir, 'locks'))),
-            kernel=self.port, vif_timeout=VIF_TIMEOUT)
+            kernel=self.port, vif_timeout=VIF_TIMEOUT,
+            adopter=adoption.Adopter(self.port, guarded) if self.adopts() else None)
         self.queue = state.DelQueue(self.state_dir)
         self.app = api.CNIApp(self.ownership, guarded, request_timeout=REQUEST_TIMEOUT)
         worker = self.run('restore', lambda: recovery.restore(
@@ -175,6 +184,7 @@ class Protocol(RuleBasedStateMachine):
             self.stop_daemon()
             return False
         registry.replace_pods(self.records)
+        registry.mark_synced(True)
         self.up = True
         return True
 
@@ -226,9 +236,11 @@ class Protocol(RuleBasedStateMachine):
 
     def _observe_slice(self, worker, run):
         owners, before = self.owners(), self.node.devices()
+        rows_before = self._rows()
         run()
         after = self.node.devices()
-        created = after - before
+        adopted = self._only_proven_devices_taken(worker, rows_before, self._rows())
+        created = {d for d in after - before if (d[0], d[1]) not in adopted}
         assert worker.may_create or not created, (
             '%s created devices %s' % (worker.name, sorted(created)))
         touched = {cid for cid, _, _ in before - after}
@@ -236,6 +248,35 @@ class Protocol(RuleBasedStateMachine):
             assert worker.may_remove(cid, owners), (
                 '%s removed the devices of %s, owner of %s'
                 % (worker.name, cid, pod_of(cid)) + ' (owners: %s)' % owners)
+
+    def _rows(self):
+        rows = getattr(self.node.kernel, 'rows', None)
+        return {} if rows is None else {name: (row.iface_id, row.mac, row.owner, row.planted)
+                                        for name, row in rows.items()}
+
+    def _only_proven_devices_taken(self, worker, before, after):
+        """A device of kuryr-daemon's is tagged or removed only when proven the VIF of a
+        pod the worker serves (any pod: recovery, housekeeping's scan); a planted one,
+        naming no pod's VIF, never. Returns the owners the slice adopted."""
+        cid = worker.name.split(' ')[-1]
+        pods = [pod_of(cid)] if cid in SANDBOXES else list(self.records)
+        proven = {(v['port_id'], v['mac']) for pod in pods if pod in self.records
+                  for v in self.records[pod]['vifs'].values()}
+        adopted = set()
+        for name, (iface_id, mac, owner, planted) in before.items():
+            now = after.get(name)
+            if now == (iface_id, mac, owner, planted) or owner is not None:
+                continue        # unchanged, or ours since its adoption
+            assert not planted and (iface_id, mac) in proven, (
+                '%s %s kuryr-daemon\'s port %s (iface-id %s, attached-mac %s), which is '
+                'not proven the VIF of %s' % (worker.name, 'removed' if now is None
+                                               else 'tagged', name, iface_id, mac, pods))
+            if now is not None:
+                adopted.add(now[2])
+                _event('adopted %s' % worker.name.split(' ')[0])
+            else:
+                _event('kuryr-daemon port removed by %s' % worker.name.split(' ')[0])
+        return adopted
 
     def _queued_may_remove(self):
         """A replay may remove the owner's devices only by the owner's queued DEL."""
@@ -251,10 +292,13 @@ class Protocol(RuleBasedStateMachine):
 
     def publish(self, pod, variant, active):
         index = PODS.index(pod)
+        if variant != self.variant.get(pod, variant):
+            self.vif_moved |= {c for c in self.kuryr_daemon_made if pod_of(c) == pod}
         self.variant[pod] = variant
         self.records[pod] = {
             'uid': 'uid-%d-%d' % (index, self.generation[pod]),
-            'vifs': {'eth0': vif(index, variant, self.node.bridge, active)},
+            'vifs': {'eth0': vif(index, variant, self.node.bridge, active,
+                                 getattr(self.node, 'vif_kind', 'bridge'))},
             'error': None, 'deleting': False}
         if self.up:
             self.registry.put_pod(pod, self.records[pod])
@@ -273,6 +317,8 @@ class Protocol(RuleBasedStateMachine):
                 continue
             status, payload = worker.outcome[1]
             _event('ADD answered %s' % _code(status, payload))
+            if status == 200:
+                self.iface_id_on_one_port(cid)
             if status == 200 and cid not in self.del_sent \
                     and self.newest_add[pod_of(cid)] == seq:
                 self.connected.add(cid)
@@ -296,7 +342,8 @@ class Protocol(RuleBasedStateMachine):
 
     def addable(self):
         """Sandboxes the runtime may ADD: any it has not deleted."""
-        return [cid for cid in SANDBOXES if cid not in self.del_sent]
+        return [cid for cid in SANDBOXES
+                if cid not in self.del_sent and cid not in self.kuryr_daemon_made]
 
     def add(self, cid, crash_after=None):
         pod = pod_of(cid)
@@ -372,7 +419,10 @@ class Protocol(RuleBasedStateMachine):
         self.settle()
 
     def removable_netns(self):
-        return [cid for cid in sorted(self.del_sent) if self.node.netns_exists(self.netns[cid])]
+        """After its DEL; a kuryr-daemon sandbox also before (it died: its DEL finds the
+        OVS row without pod end, an orphan)."""
+        return [cid for cid in sorted(self.del_sent | self.kuryr_daemon_made)
+                if self.node.netns_exists(self.netns[cid])]
 
     def remove_netns(self, cid):
         """The runtime removes a sandbox's namespace after its DEL."""
@@ -388,6 +438,52 @@ class Protocol(RuleBasedStateMachine):
         """The pod is deleted and created again under its name: a new UID, new VIFs."""
         self.generation[pod] += 1
         self.publish(pod, 0, False)
+
+    # Actions: kuryr-daemon's devices (a node switched from it) -------------------------
+
+    def adopts(self):
+        """Whether the node may hold kuryr-daemon's devices ([binding] adopt)."""
+        return getattr(self.node, 'foreign', False)
+
+    def identified_sandboxes(self):
+        """{netns: (pod UID, container ID)}: each live sandbox's pause process, as
+        kuryr_cni.sandboxes reads it."""
+        return {self.netns[cid]: (self.uid[cid], cid) for cid in sorted(self.netns)
+                if self.node.netns_exists(self.netns[cid])}
+
+    def kuryr_daemon_makeable(self):
+        """Sandboxes kuryr-daemon may have plugged while this daemon was down: of a pod
+        with VIFs and no binding, never made."""
+        if self.up or not self.adopts():
+            return []
+        bound = set(state.BindingStore(self.state_dir).load_all())
+        return [cid for cid in SANDBOXES if cid not in self.netns
+                and pod_of(cid) in self.records and pod_of(cid) not in bound]
+
+    def kuryr_daemon_sandbox(self, cid):
+        """kuryr-daemon plugged ``cid`` (the runtime's ADD, answered by it) before the
+        switch: its OVS port tap<port> on br-int with the VIF's iface-id and
+        attached-mac, untagged, and its veth's pod end eth0 in the sandbox's namespace."""
+        pod = pod_of(cid)
+        record = self.records[pod]
+        vif_dict = record['vifs']['eth0']
+        self.netns[cid] = self.node.make_netns(cid)
+        self.uid[cid] = record['uid']
+        self.node.kernel.plant_row(foreign_node.foreign.tap_name(vif_dict['port_id']),
+                                   vif_dict['port_id'], vif_dict['mac'], self.netns[cid], 'eth0')
+        self.kuryr_daemon_made.add(cid)
+        self.vif_moved.discard(cid)
+
+    def plant(self, cid=None):
+        """A port on br-int that names no pod's VIF (another tool's, or hostile), its pod
+        end in ``cid``'s namespace if given."""
+        n = len(self.node.kernel.rows)
+        netns = self.netns.get(cid) if cid else None
+        if netns and not self.node.netns_exists(netns):
+            netns = None
+        self.node.kernel.plant_row('tapplanted%d' % n, 'port-planted-%d' % n,
+                                   'fa:16:3e:ff:00:%02x' % n, netns,
+                                   'eth%d' % (5 + n) if netns else None, planted=True)
 
     # Actions: faults and the daemon's life --------------------------------------------------
 
@@ -476,6 +572,17 @@ class Protocol(RuleBasedStateMachine):
         self.time_out(data.draw(st.integers(0, len(self.scheduler.workers) - 1),
                                 label='index'))
 
+    @precondition(lambda self: self.kuryr_daemon_makeable())
+    @rule(data=st.data())
+    def rule_kuryr_daemon_sandbox(self, data):
+        self.kuryr_daemon_sandbox(data.draw(st.sampled_from(self.kuryr_daemon_makeable()),
+                                            label='cid'))
+
+    @precondition(lambda self: self.adopts() and len(self.node.kernel.rows) < 4)
+    @rule(data=st.data())
+    def rule_plant(self, data):
+        self.plant(data.draw(st.sampled_from([None] + sorted(self.netns)), label='cid'))
+
     @rule(crash_after=CRASH)
     def rule_restart(self, crash_after):
         self.restart(crash_after)
@@ -517,6 +624,21 @@ class Protocol(RuleBasedStateMachine):
                 assert cid in registered, ('the ADD of %s waits, yet the registry does not '
                                            'count it in flight' % cid)
 
+    def iface_id_on_one_port(self, cid):
+        """An ADD answered success: no port of kuryr-daemon proven its VIF is left on
+        br-int beside the one it plugged (an iface-id on two ports: OVN binds either)."""
+        if not self.adopts():
+            return
+        vif_dict = self.records[pod_of(cid)]['vifs']['eth0']
+        beside = {name: (iface, mac) for name, (iface, mac, _netns, _end)
+                  in self.node.kernel.untagged().items() if iface == vif_dict['port_id']}
+        proven = {name for name, (_, mac) in beside.items() if mac == vif_dict['mac']}
+        assert not proven, ('the ADD of %s answered success, yet kuryr-daemon\'s port %s '
+                            'with its iface-id %s stays on br-int'
+                            % (cid, sorted(proven), vif_dict['port_id']))
+        if beside:
+            _event('ADD answered beside an unproven port of its iface-id')
+
     @invariant()
     def no_two_pods_hold_one_address(self):
         """A port, MAC or IP is bound to one pod of the node at most (the address fence)."""
@@ -556,6 +678,7 @@ class Protocol(RuleBasedStateMachine):
 
     def teardown_resources(self):
         self.watch.__exit__(None, None, None)
+        self.identities.__exit__(None, None, None)
         self.node.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
@@ -606,6 +729,15 @@ class Protocol(RuleBasedStateMachine):
 
     def assert_empty(self):
         assert not self.node.devices(), sorted(self.node.devices())
+        if self.adopts():
+            left = self.node.kernel.untagged()
+            for cid in sorted(self.kuryr_daemon_made - self.vif_moved):
+                vif_dict = self.records[pod_of(cid)]['vifs']['eth0']
+                name = foreign_node.foreign.tap_name(vif_dict['port_id'])
+                assert left.get(name, (None, None))[:2] != (vif_dict['port_id'], vif_dict['mac']), (
+                    'kuryr-daemon\'s port %s of deleted sandbox %s remains' % (name, cid))
+            planted = {n for n, r in self.node.kernel.rows.items() if r.planted}
+            assert planted <= set(left), 'planted ports were taken: %s' % (planted - set(left))
         left = {sub: sorted(os.listdir(os.path.join(self.state_dir, sub)))
                 for sub in ('bindings', 'locks')}
         left[state.DEL_QUEUE] = _queue_entries(self.state_dir)
