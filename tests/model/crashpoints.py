@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import fcntl as real_fcntl
 import os as real_os
+import sys
 import threading
 import time as real_time
 
@@ -50,6 +51,23 @@ _current = threading.local()
 # (what the worker did: ADD, DEL, GC, restore, housekeeping, shim, ...; after how many
 # durable calls it died; the last one's name) -> how often: the crash points covered
 CRASHED = collections.Counter()
+
+
+# module:function of the package's code on the stack of each durable call counted: the
+# code paths a crash point was offered on (tests/model/durable_sites.py lists them all)
+SITES = set()
+_PACKAGE = real_os.path.dirname(ownership_mod.__file__) + real_os.sep
+_WRAPPED = (state.__file__, podlock.__file__)
+
+
+def _call_sites():
+    frame, found = sys._getframe(2), set()
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith(_PACKAGE) and code.co_filename not in _WRAPPED:
+            found.add('%s:%s' % (frame.f_globals['__name__'], code.co_qualname))
+        frame = frame.f_back
+    return found
 
 
 class Crash(BaseException):
@@ -115,6 +133,7 @@ class Worker:
     def counted(self, name, path):
         """A durable call completed: record it, and die if it was the chosen one."""
         self.calls.append(Call(name, path))
+        SITES.update(_call_sites())
         if len(self.calls) == self.crash_after:
             CRASHED[(self.name.partition(' ')[0], self.crash_after, name)] += 1
             self.die()

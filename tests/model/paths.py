@@ -115,6 +115,11 @@ PATHS = {
         kuryr_daemon_plugged, lambda m, n=None: m.add(A2, n)),
     'Adopter.scan: at start-up, a sandbox kuryr-daemon plugged': (
         kuryr_daemon_plugged, lambda m, n=None: m.housekeeping(n)),
+    'Ownership.check: the owner': (
+        lambda m: plugged(m, A1), lambda m, n=None: m.check(A1, n)),
+    'recovery.resync_mirror: housekeeping after a worker died': (
+        lambda m: (plugged(m, A1), m.registry.status.request_resync()),
+        lambda m, n=None: m.housekeeping(n)),
     'shim queueDel': (
         lambda m: (plugged(m, A1), m.stop()), lambda m, n=None: m.delete(A1, n)),
 }

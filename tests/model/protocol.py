@@ -1042,6 +1042,9 @@ def _durable_steps():
             hold + list(STEPS['adopt_record'][1]) + delete(one, 'a1')[len(hold):],
         'Adopter.adopt_for_delete: an orphan of kuryr-daemon removed': delete(empty, 'a1'),
         'Adopter.evict_foreign: a new sandbox evicts kuryr-daemon\'s port': add(empty, 'a1'),
+        # CHECK and the mirror's resync read the binding under the pod's lock.
+        'Ownership.check: the owner': hold,
+        'recovery.resync_mirror: housekeeping after a worker died': hold,
         'Adopter.scan: at start-up, a sandbox kuryr-daemon plugged':
             hold + list(STEPS['adopt_record'][1]),
     }

@@ -398,11 +398,11 @@ class Protocol(RuleBasedStateMachine):
     def checkable(self):
         return [cid for cid in sorted(self.results) if cid not in self.del_sent]
 
-    def check(self, cid):
+    def check(self, cid, crash_after=None):
         connected = cid in self.connected
-        answer = self._finish(self.request('CHECK', cid))
+        answer = self._finish(self.request('CHECK', cid, crash_after))
         _event('CHECK answered %s' % (_code(*answer) if answer else 'crash'))
-        if connected and cid in self.connected:
+        if connected and cid in self.connected and answer is not None:
             assert answer[0] in (200, 204), ('CHECK of connected %s: %s' % (cid, answer))
 
     def gc(self, crash_after=None, valid=None):
@@ -533,9 +533,9 @@ class Protocol(RuleBasedStateMachine):
                     crash_after, pod_identity)
 
     @precondition(lambda self: self.up and self.checkable())
-    @rule(data=st.data())
-    def rule_check(self, data):
-        self.check(data.draw(st.sampled_from(self.checkable()), label='cid'))
+    @rule(data=st.data(), crash_after=CRASH)
+    def rule_check(self, data, crash_after):
+        self.check(data.draw(st.sampled_from(self.checkable()), label='cid'), crash_after)
 
     @precondition(lambda self: self.up)
     @rule(crash_after=CRASH)
