@@ -292,11 +292,15 @@ class Protocol(RuleBasedStateMachine):
 
     def publish(self, pod, variant, active):
         index = PODS.index(pod)
-        if variant != self.variant.get(pod, variant):
+        uid = 'uid-%d-%d' % (index, self.generation[pod])
+        if variant != self.variant.get(pod, variant) or \
+                uid != self.records.get(pod, {}).get('uid', uid):
+            # A new VIF, or a new incarnation (whose port Neutron makes anew; the model
+            # reuses its name): kuryr-daemon's port is no longer proven its VIF.
             self.vif_moved |= {c for c in self.kuryr_daemon_made if pod_of(c) == pod}
         self.variant[pod] = variant
         self.records[pod] = {
-            'uid': 'uid-%d-%d' % (index, self.generation[pod]),
+            'uid': uid,
             'vifs': {'eth0': vif(index, variant, self.node.bridge, active,
                                  getattr(self.node, 'vif_kind', 'bridge'))},
             'error': None, 'deleting': False}
@@ -453,12 +457,14 @@ class Protocol(RuleBasedStateMachine):
 
     def kuryr_daemon_makeable(self):
         """Sandboxes kuryr-daemon may have plugged while this daemon was down: of a pod
-        with VIFs and no binding, never made."""
+        with VIFs and no binding, never made; one per pod (kuryr-daemon names its port
+        after the VIF's: a second sandbox would have replaced the first's)."""
         if self.up or not self.adopts():
             return []
         bound = set(state.BindingStore(self.state_dir).load_all())
+        taken = {pod_of(c) for c in self.kuryr_daemon_made}
         return [cid for cid in SANDBOXES if cid not in self.netns
-                and pod_of(cid) in self.records and pod_of(cid) not in bound]
+                and pod_of(cid) in self.records and pod_of(cid) not in bound | taken]
 
     def kuryr_daemon_sandbox(self, cid):
         """kuryr-daemon plugged ``cid`` (the runtime's ADD, answered by it) before the
