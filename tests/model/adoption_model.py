@@ -81,8 +81,8 @@ def _plan(st, name, bounds):
     if name == 'DEL K':
         if st.binding == '':
             if st.port == 'untagged' and st.pod_end:
-                return adopt + [('disconnect', 0), ('remove', 0),
-                               ('release_remove', 0)] + hold_done
+                return adopt + [('disconnect', 0), ('remove', 0), ('release_remove', 0)] \
+                    + hold_done
             if st.port == 'untagged':
                 return [('discard_orphan', 0), ('release_remove', 0)] + hold_done
             return [('release_remove', 0)] + hold_done
@@ -137,9 +137,9 @@ def successors(st, bounds):
         name, plan = st.worker
         step, rest = plan[0], plan[1:]
         nxt = _apply(st, name, step)
-        out.append(('%s: %s (%s)' % (name, step[0], protocol.STEPS.get(
-            step[0], ('Housekeeper.tick',))[0]), nxt._replace(worker=(name, rest) if rest
-                                                               else ())))
+        code = protocol.STEPS.get(step[0], ('Housekeeper.tick',))[0]
+        out.append(('%s: %s (%s)' % (name, step[0], code),
+                    nxt._replace(worker=(name, rest) if rest else ())))
         if st.crashes:
             # Killed before this step: the lock drops, the lock file stays.
             out.append(('kill %s before %s' % (name, step[0]),

@@ -156,7 +156,7 @@ class Protocol(RuleBasedStateMachine):
         self.connected = set()      # ADD answered success, not since undone by the runtime
         self.shim_seq = 0
         self.kuryr_daemon_made = set()     # sandboxes kuryr-daemon plugged before the switch
-        self.vif_moved = set()      # of those, whose pod's VIF changed since (their port unproven)
+        self.vif_moved = set()      # of those, whose port can no longer be proven theirs
         self.identities = foreign_node.sandbox_identities(self.identified_sandboxes)
         self.identities.__enter__()
         self.start_daemon()
@@ -269,8 +269,8 @@ class Protocol(RuleBasedStateMachine):
                 continue        # unchanged, or ours since its adoption
             assert not planted and (iface_id, mac) in proven, (
                 '%s %s kuryr-daemon\'s port %s (iface-id %s, attached-mac %s), which is '
-                'not proven the VIF of %s' % (worker.name, 'removed' if now is None
-                                               else 'tagged', name, iface_id, mac, pods))
+                'not proven the VIF of %s' % (worker.name, 'tagged' if now else 'removed',
+                                              name, iface_id, mac, pods))
             if now is not None:
                 adopted.add(now[2])
                 _event('adopted %s' % worker.name.split(' ')[0])
@@ -367,6 +367,9 @@ class Protocol(RuleBasedStateMachine):
     def delete(self, cid, crash_after=None, pod_identity=True):
         """The runtime's DEL; while the daemon is down, the shim queues it."""
         self.del_sent.add(cid)
+        if not pod_identity and cid in self.kuryr_daemon_made:
+            # No pod, no VIF, no proof: kuryr-daemon's port is left alone (by design).
+            self.vif_moved.add(cid)
         self.connected.discard(cid)
         if not self.up:
             if self._queue_del(cid, crash_after, pod_identity):
@@ -451,9 +454,10 @@ class Protocol(RuleBasedStateMachine):
 
     def identified_sandboxes(self):
         """{netns: (pod UID, container ID)}: each live sandbox's pause process, as
-        kuryr_cni.sandboxes reads it."""
+        kuryr_cni.sandboxes reads it. Not once its DEL was sent: containerd's
+        StopPodSandbox stops the sandbox container before it tears the network down."""
         return {self.netns[cid]: (self.uid[cid], cid) for cid in sorted(self.netns)
-                if self.node.netns_exists(self.netns[cid])}
+                if self.node.netns_exists(self.netns[cid]) and cid not in self.del_sent}
 
     def kuryr_daemon_makeable(self):
         """Sandboxes kuryr-daemon may have plugged while this daemon was down: of a pod
@@ -740,7 +744,8 @@ class Protocol(RuleBasedStateMachine):
             for cid in sorted(self.kuryr_daemon_made - self.vif_moved):
                 vif_dict = self.records[pod_of(cid)]['vifs']['eth0']
                 name = foreign_node.foreign.tap_name(vif_dict['port_id'])
-                assert left.get(name, (None, None))[:2] != (vif_dict['port_id'], vif_dict['mac']), (
+                proof = (vif_dict['port_id'], vif_dict['mac'])
+                assert left.get(name, (None, None))[:2] != proof, (
                     'kuryr-daemon\'s port %s of deleted sandbox %s remains' % (name, cid))
             planted = {n for n, r in self.node.kernel.rows.items() if r.planted}
             assert planted <= set(left), 'planted ports were taken: %s' % (planted - set(left))
