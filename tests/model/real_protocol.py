@@ -674,8 +674,10 @@ class Protocol(RuleBasedStateMachine):
             self.assert_invariants()
             yield self
         except BaseException:
-            self.stop_daemon()
-            self.teardown_resources()
+            try:
+                self.stop_daemon()      # may fail too when a worker's slice failed
+            finally:
+                self.teardown_resources()
             raise
         self.teardown()
 
