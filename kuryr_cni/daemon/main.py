@@ -223,8 +223,9 @@ def _start_registry(run_dir, gid):
     """Start the registry Manager; its socket is reachable by the dropped processes too.
 
     Forked before :func:`import_services`: the Manager never runs the
-    services' code (pyroute2, the Kubernetes client), and from a smaller heap
-    it copies fewer pages as it works.
+    services' code (pyroute2, the Kubernetes client), so it need not map it
+    (~30 MiB of RSS instead of ~80; the daemon's PSS barely moves, as those
+    pages stay shared by the other processes: doc/source/benchmark.rst).
 
     Each thread of a process opens its own connection to the Manager at its
     first call, so the dropped watcher and ops connect long after their drop:
@@ -277,7 +278,7 @@ def _freeze_heap():
 
 
 # The services' modules, imported once the registry Manager is forked: with
-# them come pyroute2 (~12 MiB) and the Kubernetes client (~45 MiB).
+# them come pyroute2 (~10 MiB) and the Kubernetes client (~40 MiB).
 SERVICE_MODULES = ('watcher', 'worker', 'ops')
 # What the dropped processes import after their drop, imported here in the
 # parent instead, so that the children share their pages: the daemon's
