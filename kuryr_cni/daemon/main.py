@@ -6,7 +6,8 @@ the run dir's lock: one daemon per run dir; a state dir only root may write,
 and its lock: one daemon per state dir; both waited for while a predecessor
 drains, :mod:`kuryr_cni.daemon.handover`) →
 metrics directory → registry Manager (before cotyledon, with the fork start method,
-its socket ``registry/registry.sock`` in the run dir) → state recovery → listening
+its socket ``registry/registry.sock`` in the run dir) → the services' modules
+(:func:`import_services`, after the Manager's fork) → state recovery → listening
 sockets → cotyledon ServiceManager with the watcher, the CNI workers and the
 ops process, the watcher and ops dropping root as they start
 (:mod:`kuryr_cni.daemon.privileges`) → systemd notification. On SIGTERM the socket's name
@@ -28,6 +29,7 @@ import multiprocessing
 import os
 import sys
 import time
+import types
 
 import cotyledon
 from oslo_log import log as logging
@@ -40,12 +42,9 @@ from kuryr_cni.daemon import handover
 from kuryr_cni.daemon import health
 from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import manager_guard
-from kuryr_cni.daemon import ops
 from kuryr_cni.daemon import privileges
 from kuryr_cni.daemon import recovery
 from kuryr_cni.daemon import sdnotify
-from kuryr_cni.daemon import watcher
-from kuryr_cni.daemon import worker
 
 LOG = logging.getLogger(__name__)
 
@@ -110,12 +109,14 @@ def run(conf):
     manager, registry = _start_registry(run_dir, unprivileged.gid)
     guard = manager_guard.ManagerGuard(registry.status.server_pid())
     try:
-        _recover(conf, registry)
+        services = import_services()
+        _recover(conf, registry, services.worker)
         cni_sock = listener.open_unix(opts.socket)
         health_sock = listener.open_tcp(conf.health.host, conf.health.port)
         metrics_sock = listener.open_tcp(conf.prometheus.host, conf.prometheus.port)
         try:
-            _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivileged)
+            _serve(conf, registry, services, (cni_sock, health_sock, metrics_sock), guard,
+                   unprivileged)
         except SystemExit:
             # cotyledon ends every graceful shutdown with sys.exit(0); one the
             # Manager's death caused must tell the supervisor to restart us.
@@ -221,6 +222,11 @@ def _registry_socket(run_dir):
 def _start_registry(run_dir, gid):
     """Start the registry Manager; its socket is reachable by the dropped processes too.
 
+    Forked before :func:`import_services`: the Manager never runs the
+    services' code (pyroute2, the Kubernetes client), so it need not map it
+    (~30 MiB of RSS instead of ~80; the daemon's PSS barely moves, as those
+    pages stay shared by the other processes: doc/source/benchmark.rst).
+
     Each thread of a process opens its own connection to the Manager at its
     first call, so the dropped watcher and ops connect long after their drop:
     they reach the socket (group ``gid``, 0660) through
@@ -271,22 +277,40 @@ def _freeze_heap():
     gc.freeze()
 
 
-def _recover(conf, registry):
+# The services' modules, imported once the registry Manager is forked: with
+# them come pyroute2 (~10 MiB) and the Kubernetes client (~40 MiB).
+SERVICE_MODULES = ('watcher', 'worker', 'ops')
+# What the dropped processes import after their drop, imported here in the
+# parent instead, so that the children share their pages: the daemon's
+# virtualenv need not be readable by the unprivileged user either (tox's .tox/
+# is 0700, a root-only /root/venv would be too).
+IMPORTED_BEFORE_THE_FORK = ('prometheus_client.core', 'prometheus_client.exposition',
+                            'prometheus_client.multiprocess')
+
+
+# Installed beside the daemon in a test virtualenv (test-requirements.txt), not in
+# the image: the Kubernetes client's dynamic module imports it when present, and
+# with it jsonschema, ~3.7 MiB the daemon, which validates no manifests, never uses.
+NOT_IMPORTED = ('kubernetes_validate',)
+
+
+def import_services():
+    """The watcher, worker and ops modules, by name (a namespace), imported now."""
+    for module in NOT_IMPORTED:
+        sys.modules.setdefault(module, None)      # import raises ImportError
+    for module in IMPORTED_BEFORE_THE_FORK:
+        importlib.import_module(module)
+    return types.SimpleNamespace(**{
+        name: importlib.import_module('kuryr_cni.daemon.' + name) for name in SERVICE_MODULES})
+
+
+def _recover(conf, registry, worker):
     ownership = worker.build_ownership(conf, registry)
     recovery.restore(ownership, state.DelQueue(conf.cni_daemon.state_dir),
                      ownership.locks.directory)
 
 
-# What the dropped processes import after their drop, imported before it: the
-# daemon's virtualenv need not be readable by the unprivileged user (tox's
-# .tox/ is 0700, a root-only /root/venv would be too).
-IMPORTED_BEFORE_THE_DROP = ('prometheus_client.core', 'prometheus_client.exposition',
-                            'prometheus_client.multiprocess')
-
-
 def _drop(role, unprivileged):
-    for module in IMPORTED_BEFORE_THE_DROP:
-        importlib.import_module(module)
     privileges.keep_log_files_open()
     try:
         privileges.drop(unprivileged)
@@ -298,7 +322,9 @@ def _drop(role, unprivileged):
              role, unprivileged.user, unprivileged.uid, unprivileged.gid)
 
 
-def _serve(conf, registry, cni_sock, health_sock, metrics_sock, guard, unprivileged):
+def _serve(conf, registry, services, sockets, guard, unprivileged):
+    cni_sock, health_sock, metrics_sock = sockets
+    watcher, worker, ops = services.watcher, services.worker, services.ops
     sm = cotyledon.ServiceManager(graceful_shutdown_timeout=drain_timeout(conf.cni_daemon))
     registry.status.set_heartbeat_timeout(conf.health.heartbeat_timeout)
     registry.status.set_required_bridges(conf.binding.required_bridges)

@@ -156,3 +156,37 @@ def test_a_second_daemon_sharing_the_run_dir_is_refused_and_touches_nothing(daem
     assert not os.path.exists(os.path.join(daemon.workdir, 'state2'))
     assert daemon.daemon.poll() is None
     assert crash.daemon_get(daemon, '/v1/status')[0] == 200
+
+
+# Extension modules that betray a library in a process's address space: the
+# Kubernetes client brings pydantic's, pyroute2 brings psutil's, and
+# kubernetes-validate (test-requirements.txt) brings jsonschema's rpds.
+KUBERNETES_CLIENT = '_pydantic_core'
+PYROUTE2 = '_psutil_linux'
+KUBERNETES_VALIDATE = 'rpds'
+
+
+def _mapped(pid):
+    """Base names of the shared objects mapped into process ``pid``."""
+    with open('/proc/%d/maps' % pid) as f:
+        return {line.split()[-1].rsplit('/', 1)[-1] for line in f if '.so' in line}
+
+
+def _mapping(names, library):
+    return any(name.startswith(library) for name in names)
+
+
+def test_the_registry_holds_none_of_the_services_libraries(daemon):
+    """The Manager is forked before the services' modules are imported
+    (doc/source/benchmark.rst, "Where the memory goes"); the services have
+    them, and the daemon leaves kubernetes-validate, which it never uses, alone."""
+    roles = {}
+    for pid, title in daemon.processes().items():
+        roles.setdefault(title.partition(': ')[2].split()[0], []).append(pid)
+    registry = _mapped(roles['registry'][0])
+    assert not _mapping(registry, KUBERNETES_CLIENT)
+    assert not _mapping(registry, PYROUTE2)
+    for pid in roles['watcher'] + roles['cni-worker']:
+        services = _mapped(pid)
+        assert _mapping(services, KUBERNETES_CLIENT) and _mapping(services, PYROUTE2)
+        assert not _mapping(services, KUBERNETES_VALIDATE)

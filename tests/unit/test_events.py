@@ -173,8 +173,10 @@ def test_a_failed_post_never_logs_the_token(tmp_path, caplog):
 
 def test_the_daemon_resolves_the_clients_api_classes_before_it_forks():
     """kubernetes resolves CoreV1Api on first use, ~0.35 s of CPU: done at import, the
-    daemon's parent pays it once, not every worker on its first Event."""
-    code = 'import sys, kuryr_cni.daemon.main; print(sorted(m for m in sys.modules if m in %r))'
+    daemon's parent pays it once (with the services' modules, after the Manager's
+    fork), not every worker on its first Event."""
+    code = ('import sys, kuryr_cni.daemon.main as main; main.import_services(); '
+            'print(sorted(m for m in sys.modules if m in %r))')
     wanted = ['kubernetes.client.api.core_v1_api', 'kubernetes.client.api.custom_objects_api']
     out = subprocess.run([sys.executable, '-c', code % wanted], capture_output=True, text=True,
                          timeout=120, check=True)
