@@ -230,7 +230,8 @@ def _takeover(stack, kuryr, node, pod_host, pods, swap, plugged, capsys):
 
 def _going_back(stack, kuryr, node, pod_host, pods, swap, b, d, address_b):
     """kuryr-daemon started again after kuryr-cni: D (kuryr-cni's) and B (adopted) keep
-    working; a new pod E is plugged by it; the DELs of D, B, E come to kuryr-daemon."""
+    working; a new pod E is plugged by it; the DELs of D, B, E come to kuryr-daemon;
+    then kuryr-cni again."""
     ports_before = stack.br_int_ports()
     swap.to_kuryr_daemon()
     assert pod_host.ping(d.sandbox.netns, address_b, count=2, wait=5)
@@ -240,9 +241,16 @@ def _going_back(stack, kuryr, node, pod_host, pods, swap, b, d, address_b):
     assert pod_host.ping(e.sandbox.netns, address_b, count=2, wait=5)
     for sandbox in (b, d.sandbox, e.sandbox):
         assert swap.old.delete(sandbox).ok, kuryr.log_tail()
+        pod_host.remove_netns(sandbox.netns)        # as a runtime does after the DEL
     left = stack.br_int_ports()
     print('going back: br-int before %s, after kuryr-daemon\'s DELs %s'
           % (sorted(ports_before), sorted(left)))
-    # Then forward again, as a node that went back and returns does.
+    # Its DEL of the pod kuryr-cni plugged removed `tap<port>`, which is not there:
+    # kuryr-cni's port stays, tagged; B (adopted, kuryr-daemon's names) and E went.
+    assert [(ids['iface-id'], 'kuryr-cni-owner' in ids) for ids in left.values()] == \
+        [(d.port_id, True)], left
+    # Forward again: kuryr-cni applies the DEL its record's sandbox never got (its
+    # namespace is gone), unasked.
     swap.to_kuryr_cni()
-    assert stack.br_int_ports() == {}, left
+    wait.until(lambda: stack.br_int_ports() == {}, 30,
+               'kuryr-cni to remove the port of the sandbox kuryr-daemon DELed', 0.1)
