@@ -96,8 +96,15 @@ class Housekeeper:
         if replayed:
             LOG.info('Replayed %d DELs the shim had queued', replayed)
         if not self._vanished_done:
-            recovery.delete_vanished(self.ownership)
+            # Once, and a failure must not hold up the adoption scan below for ever:
+            # logged, and whatever it missed waits for those sandboxes' pods to go.
             self._vanished_done = True
+            try:
+                recovery.delete_vanished(self.ownership)
+            except (ConnectionError, EOFError):
+                raise
+            except Exception:
+                LOG.exception('Applying the DELs of sandboxes whose namespace is gone failed')
         if not self._scanned and self.ownership.registry.is_synced():
             # After the replay: a queued DEL of a sandbox is applied before its
             # devices could be adopted by the scan.

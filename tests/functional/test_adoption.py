@@ -334,3 +334,28 @@ def test_an_adopted_sandbox_is_a_binding_across_restarts(world, runtime):
         assert runtime.delete(a).ok
     assert world.kuryr_daemons() == {} and world.pod_end(a) is None
     assert helpers.leftovers(node) == helpers.NOTHING
+
+
+def test_a_veth_pair_elsewhere_with_the_same_indexes_is_not_the_pod_end(ovs_world, runtime):
+    """Interface indexes are per namespace: a namespace holding a veth whose index is
+    the pod end's, peering an index that is the tap's (each pod's eth0 is index 2 or
+    so), seen first by the scan, must not stand for the pod end (the openstack tier
+    met one on a busy machine: the pod was left alone, ``mac_mismatch``)."""
+    world = ovs_world
+    node = world.node
+    world.create_pod()
+    a = _hex_sandbox(world)
+    world.plant(a)
+    tap = node.links()[kuryr_daemon_plug.names(PORT_ID)['tap']]['index']
+    pod_end = world.pod_end(a)['index']
+    decoy, decoy_host = node.pod_netns(), node.pod_netns()
+    testhost.ip('-n', os.path.basename(decoy), 'link', 'add', 'eth0', 'index', str(pod_end),
+                'type', 'veth', 'peer', 'name', 'decoy0', 'index', str(tap),
+                'netns', os.path.basename(decoy_host))
+    with helpers.sandbox_process(a, world.uid):
+        world.start()
+        found = wait.until(lambda: adoptions(node), 30, 'the start-up scan to report')
+        assert [e['result'] for e in found] == ['adopted'], found
+    assert runtime.delete(a).ok
+    assert world.kuryr_daemons() == {} and world.pod_end(a) is None
+    assert helpers.leftovers(node) == helpers.NOTHING
