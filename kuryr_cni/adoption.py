@@ -160,7 +160,7 @@ class Adopter:
 
     def _scan_pod(self, ownership, key, record, vifs, owners, views, counts):
         """Adopt the devices of one pod: a veth's pod end is found in any namespace
-        (its peer index proves it); a nested device only in a namespace whose
+        (its index pair and the VIF's MAC prove it); a nested device only in a namespace whose
         processes name this pod, which is then the pod's (others hold other pods)."""
         uid = record.get('uid')
         own = [path for path, pods in owners.items() if uid and uid in pods]

@@ -186,18 +186,29 @@ class Finder:
         with netns.iproute(self.host_netns) as host, \
                 netns.kernel_errors('look up %s' % tap_name(finding.port_id)):
             tap = link_view(podside.get_link(host, tap_name(finding.port_id)))
-        for path, links in views.items():
-            for link in links:
-                # The peer's index in its namespace, and its peer is our tap.
-                if link['index'] == tap['link'] and link['link'] == tap['index'] \
-                        and link['kind'] == 'veth':
-                    if link['address'] != vif.mac:
-                        return dataclasses.replace(
-                            finding, where=HERE, netns=path, pod_ifname=link['ifname'],
-                            reason='mac_mismatch', detail='the pod end %s has MAC %s, not %s'
-                            % (link['ifname'], link['address'], vif.mac))
-                    return dataclasses.replace(finding, where=HERE, netns=path,
-                                               pod_ifname=link['ifname'])
+        # The peer's index in its namespace, and its peer is our tap. Indexes are per
+        # namespace: another namespace may hold a veth pair with the same two (every
+        # pod's eth0 is index 2 or so, its host end a small index of its own host), so
+        # the VIF's MAC picks the pod end among them, and two such are no proof.
+        candidates = [(path, link) for path, links in sorted(views.items()) for link in links
+                      if link['index'] == tap['link'] and link['link'] == tap['index']
+                      and link['kind'] == 'veth']
+        ends = [(path, link) for path, link in candidates if link['address'] == vif.mac]
+        if len(ends) == 1:
+            path, link = ends[0]
+            return dataclasses.replace(finding, where=HERE, netns=path,
+                                       pod_ifname=link['ifname'])
+        if ends:
+            return dataclasses.replace(
+                finding, where=HERE, netns=ends[0][0], pod_ifname=ends[0][1]['ifname'],
+                reason='pod_end_ambiguous', detail='veths with MAC %s peering %s in %s'
+                % (vif.mac, tap_name(finding.port_id), ', '.join(p for p, _ in ends)))
+        if candidates:
+            path, link = candidates[0]
+            return dataclasses.replace(
+                finding, where=HERE, netns=path, pod_ifname=link['ifname'],
+                reason='mac_mismatch', detail='the pod end %s has MAC %s, not %s'
+                % (link['ifname'], link['address'], vif.mac))
         return dataclasses.replace(finding, where=ELSEWHERE)
 
     # -- taking over ----------------------------------------------------------

@@ -19,8 +19,11 @@ socket opens. Four of its steps are needed again later:
   worker killed before its first record leaves
   (:meth:`kuryr_cni.podlock.PodLocks.remove_unused`).
 
-Once, as soon as the watcher has synced (the pods' VIFs are known), it also
-runs the start-up adoption of what kuryr-daemon plugged
+Once, after the first replay, it applies the DELs of recorded sandboxes
+whose namespace vanished while another CNI daemon had the node
+(:func:`kuryr_cni.daemon.recovery.delete_vanished`). Once, as soon as the
+watcher has synced (the pods' VIFs are known), it also runs the start-up
+adoption of what kuryr-daemon plugged
 (:meth:`kuryr_cni.adoption.Adopter.scan`), retried next round if it fails.
 
 Every ``interval`` seconds the thread does all four, with the normal ownership
@@ -53,6 +56,7 @@ class Housekeeper:
         self._thread = None
         # Stand-ins for the rules may have no adopter: nothing to scan then.
         self._scanned = getattr(ownership, 'adopter', None) is None
+        self._vanished_done = False
 
     def start(self):
         self._thread = threading.Thread(target=self._loop, name='housekeeping', daemon=True)
@@ -91,6 +95,16 @@ class Housekeeper:
                                          retries=self.retries)
         if replayed:
             LOG.info('Replayed %d DELs the shim had queued', replayed)
+        if not self._vanished_done:
+            # Once, and a failure must not hold up the adoption scan below for ever:
+            # logged, and whatever it missed waits for those sandboxes' pods to go.
+            self._vanished_done = True
+            try:
+                recovery.delete_vanished(self.ownership)
+            except (ConnectionError, EOFError):
+                raise
+            except Exception:
+                LOG.exception('Applying the DELs of sandboxes whose namespace is gone failed')
         if not self._scanned and self.ownership.registry.is_synced():
             # After the replay: a queued DEL of a sandbox is applied before its
             # devices could be adopted by the scan.

@@ -14,6 +14,12 @@
    that sandbox removes it, by its tag.
 4. Replay the DELs the shim queued while the daemon was down, with the normal
    ownership rules; an entry that is not a DEL is set aside, never fatal.
+5. Once, from housekeeping after that replay (:func:`delete_vanished`): apply
+   the DEL of each recorded sandbox whose network namespace file is gone from
+   a directory that is still there. A runtime removes a sandbox's namespace
+   only after its DEL, so such a DEL went to another CNI daemon: kuryr-daemon,
+   run on the node for a while after kuryr-cni (going back, then forward
+   again), whose DEL of a pod kuryr-cni plugged leaves our OVS row on br-int.
 
 No request can see a half-rebuilt state because none is accepted yet.
 
@@ -45,6 +51,7 @@ from kuryr_cni.cni import request as cni_request
 LOG = logging.getLogger(__name__)
 
 REPLAY_TIMEOUT = 30      # seconds for one queued DEL
+VANISHED_CNI_VERSION = '1.0.0'  # of the DELs of sandboxes whose namespace vanished
 RESYNC_LOCK_TIMEOUT = 5  # seconds to wait for one pod's lock when resyncing the mirror
 
 # A failed queued DEL is retried after RETRY_FIRST seconds (a housekeeping
@@ -192,6 +199,34 @@ def replay_queue(ownership, queue, stop=None, retries=None):
         replayed += 1
     retries.publish(ownership.registry.status, queue.names())
     return replayed
+
+
+def delete_vanished(ownership):
+    """Apply the DEL of every recorded sandbox whose namespace is gone (step 5);
+    returns how many sandboxes. A namespace whose directory is missing too
+    proves nothing (a mount this process does not see) and is left alone."""
+    done = 0
+    for pod_key, binding in sorted(ownership.store.load_all().items()):
+        namespace, name = pod_key.split('/', 1)
+        for cid, sandbox in sorted(binding.sandboxes.items()):
+            path = sandbox.netns
+            if not path or os.path.exists(path) or not os.path.isdir(os.path.dirname(path)):
+                continue
+            for attachment in list(sandbox.attachments.values()):
+                req = cni_request.Request(
+                    'DEL', VANISHED_CNI_VERSION, attachment.network, cid, None,
+                    attachment.ifname, cni_request.PodRef(namespace, name, sandbox.uid), {})
+                try:
+                    outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT)
+                except errors.CNIError as exc:
+                    LOG.warning('DEL of sandbox %s of pod %s, whose namespace %s is gone, '
+                                'failed: %s', cid, pod_key, path, _describe(exc))
+                    continue
+                LOG.info('Sandbox %s of pod %s: its namespace %s is gone and its DEL never '
+                         'came here (another CNI daemon had the node); applied: %s',
+                         cid, pod_key, path, outcome)
+            done += 1
+    return done
 
 
 def _failed(queue, path, req, exc, retries):

@@ -1,12 +1,17 @@
 """Observations the functional tests make of a running test host."""
 
+import contextlib
 import functools
 import json
 import os
+import re
 import select
+import signal
 import subprocess
 import time
 import uuid
+
+import pytest
 
 from prometheus_client import parser
 
@@ -182,3 +187,47 @@ def node_config(node, api=True, token=None):
                 t.write(token + '\n')
             f.write('token_file = %s\n' % token_file)
     return path
+
+
+@contextlib.contextmanager
+def sandbox_process(sandbox, pod_uid):
+    """A process in ``sandbox``'s namespace, in a cgroup named as containerd names the
+    sandbox's (``.../pod<uid>/cri-containerd-<id>.scope``); all removed after."""
+    roots = [r for r in ('/sys/fs/cgroup/pids', '/sys/fs/cgroup')
+             if os.path.exists(os.path.join(r, 'cgroup.procs'))]
+    if not roots:
+        pytest.skip('no writable cgroup hierarchy to name a sandbox process by')
+    top = os.path.join(roots[0], 'kc-test-%s' % uuid.uuid4().hex[:8])
+    leaf = os.path.join(top, 'kubepods', 'pod' + pod_uid,
+                        'cri-containerd-%s.scope' % sandbox.container_id)
+    os.makedirs(leaf)
+    proc = subprocess.Popen(['ip', 'netns', 'exec', os.path.basename(sandbox.netns),
+                             'sleep', '600'], stdin=subprocess.DEVNULL)
+    try:
+        with open(os.path.join(leaf, 'cgroup.procs'), 'w') as f:
+            f.write(str(proc.pid))
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+        for path in (leaf, os.path.dirname(leaf), os.path.dirname(os.path.dirname(leaf)), top):
+            os.rmdir(path)
+
+
+class Pinger:
+    """``ping -i 0.1`` of ``address`` from a namespace until stopped; :meth:`stop`
+    returns (sent, lost)."""
+
+    def __init__(self, netns, address):
+        self.proc = subprocess.Popen(['ip', 'netns', 'exec', os.path.basename(netns), 'ping',
+                                      '-i', '0.1', '-W', '1', address],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=30)
+        match = re.search(r'(\d+) packets transmitted, (\d+) received', out)
+        assert match, out
+        sent, received = int(match.group(1)), int(match.group(2))
+        return sent, sent - received

@@ -11,12 +11,8 @@ tests that need it run a process in the pod namespace inside a cgroup named
 as containerd names a sandbox's (a throwaway subtree, removed after).
 """
 
-import contextlib
 import json
 import os
-import re
-import signal
-import subprocess
 import uuid
 
 import pytest
@@ -163,49 +159,6 @@ def adoption_count(node, result, reason):
     return helpers.metric(node, 'kuryr_cni_adoptions_total', result=result, reason=reason)
 
 
-@contextlib.contextmanager
-def sandbox_process(sandbox, pod_uid):
-    """A process in ``sandbox``'s namespace, in a cgroup named as containerd names the
-    sandbox's (``.../pod<uid>/cri-containerd-<id>.scope``); all removed after."""
-    roots = [r for r in ('/sys/fs/cgroup/pids', '/sys/fs/cgroup')
-             if os.path.exists(os.path.join(r, 'cgroup.procs'))]
-    if not roots:
-        pytest.skip('no writable cgroup hierarchy to name a sandbox process by')
-    top = os.path.join(roots[0], 'kc-test-%s' % uuid.uuid4().hex[:8])
-    leaf = os.path.join(top, 'kubepods', 'pod' + pod_uid,
-                        'cri-containerd-%s.scope' % sandbox.container_id)
-    os.makedirs(leaf)
-    proc = subprocess.Popen(['ip', 'netns', 'exec', os.path.basename(sandbox.netns),
-                             'sleep', '600'], stdin=subprocess.DEVNULL)
-    try:
-        with open(os.path.join(leaf, 'cgroup.procs'), 'w') as f:
-            f.write(str(proc.pid))
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(30)
-        for path in (leaf, os.path.dirname(leaf), os.path.dirname(os.path.dirname(leaf)), top):
-            os.rmdir(path)
-
-
-class Pinger:
-    """``ping -i 0.1`` from a namespace until stopped; :meth:`stop` returns (sent, lost)."""
-
-    def __init__(self, netns):
-        self.proc = subprocess.Popen(['ip', 'netns', 'exec', os.path.basename(netns), 'ping',
-                                      '-i', '0.1', '-W', '1', GATEWAY],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=30)
-        match = re.search(r'(\d+) packets transmitted, (\d+) received', out)
-        assert match, out
-        sent, received = int(match.group(1)), int(match.group(2))
-        return sent, sent - received
-
-
 def _hex_sandbox(world):
     """A sandbox whose container ID is 64 hex digits, as containerd's are."""
     sandbox = world.sandbox('x')
@@ -285,8 +238,8 @@ def test_startup_adopts_keeps_traffic_then_a_new_sandbox_evicts(world, runtime):
     world.create_pod()
     a, b = _hex_sandbox(world), world.sandbox('b')
     world.plant(a)
-    with sandbox_process(a, world.uid):
-        pinger = Pinger(a.netns)
+    with helpers.sandbox_process(a, world.uid):
+        pinger = helpers.Pinger(a.netns, GATEWAY)
         try:
             wait.until(lambda: world.pings(a), 20, 'the planted pod to ping')
             world.start()
@@ -333,7 +286,7 @@ def test_devices_without_proof_are_left_alone_and_reported(world, runtime):
     overrides, reason = _unproven(world.kind)
     world.plant(a, **overrides)
     planted, pod_end = world.kuryr_daemons(), world.pod_end(a)['index']
-    with sandbox_process(a, world.uid):
+    with helpers.sandbox_process(a, world.uid):
         world.start()
         found = wait.until(lambda: adoptions(node), 30, 'the start-up scan to report')
         assert [e['result'] for e in found] == ['left'], 'taken without proof: %s' % found
@@ -367,7 +320,7 @@ def test_an_adopted_sandbox_is_a_binding_across_restarts(world, runtime):
     world.create_pod()
     a, z = _hex_sandbox(world), world.sandbox('z')
     world.plant(a)
-    with sandbox_process(a, world.uid):
+    with helpers.sandbox_process(a, world.uid):
         world.start()
         wait.until(lambda: [e for e in adoptions(node) if e['result'] == 'adopted'], 30,
                    'the start-up adoption of %s' % a.container_id)
@@ -379,5 +332,30 @@ def test_an_adopted_sandbox_is_a_binding_across_restarts(world, runtime):
         assert world.kuryr_daemons() == planted and world.pings(a)
         assert not adoptions(node), 'adopted again after the restart'
         assert runtime.delete(a).ok
+    assert world.kuryr_daemons() == {} and world.pod_end(a) is None
+    assert helpers.leftovers(node) == helpers.NOTHING
+
+
+def test_a_veth_pair_elsewhere_with_the_same_indexes_is_not_the_pod_end(ovs_world, runtime):
+    """Interface indexes are per namespace: a namespace holding a veth whose index is
+    the pod end's, peering an index that is the tap's (each pod's eth0 is index 2 or
+    so), seen first by the scan, must not stand for the pod end (the openstack tier
+    met one on a busy machine: the pod was left alone, ``mac_mismatch``)."""
+    world = ovs_world
+    node = world.node
+    world.create_pod()
+    a = _hex_sandbox(world)
+    world.plant(a)
+    tap = node.links()[kuryr_daemon_plug.names(PORT_ID)['tap']]['index']
+    pod_end = world.pod_end(a)['index']
+    decoy, decoy_host = node.pod_netns(), node.pod_netns()
+    testhost.ip('-n', os.path.basename(decoy), 'link', 'add', 'eth0', 'index', str(pod_end),
+                'type', 'veth', 'peer', 'name', 'decoy0', 'index', str(tap),
+                'netns', os.path.basename(decoy_host))
+    with helpers.sandbox_process(a, world.uid):
+        world.start()
+        found = wait.until(lambda: adoptions(node), 30, 'the start-up scan to report')
+        assert [e['result'] for e in found] == ['adopted'], found
+    assert runtime.delete(a).ok
     assert world.kuryr_daemons() == {} and world.pod_end(a) is None
     assert helpers.leftovers(node) == helpers.NOTHING

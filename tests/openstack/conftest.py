@@ -37,6 +37,7 @@ from tests import conftest
 from tests import wait
 from tests.openstack import stack as osstack
 from tools.testbed import host as testhost
+from tools.testbed import kuryr_daemon as testkuryr
 from tools.testbed import runtime as testruntime
 
 NODE = 'node1'
@@ -44,6 +45,7 @@ VIF_TIMEOUT = 90        # kuryr-controller patches `active` on a backoff of 2, 6
 SESSION_PREFIX = 'kc-o%d' % os.getpid()
 TIMINGS = []            # (what, seconds): reported at the end of the run
 LOG_TAILS = []          # (log, its last lines): reported at the end of a run that failed
+KURYR_DAEMON_CONSTRAINTS = os.path.join(osstack.REPO, 'tools', 'kuryr-daemon-constraints.txt')
 LOGS = ('kuryr-controller', 'neutron', 'ovn-controller', 'ovn-northd', 'ovs-vswitchd')
 
 
@@ -172,3 +174,56 @@ def pods(stack):
         stack.stop('kuryr-controller')
         stack.start()
         wait.until(deleted, 60, 'kuryr-controller to delete the pods', 0.1)
+
+
+# The real kuryr-daemon 10.0.0 on the node (tools/testbed/kuryr_daemon.py) ----------------
+
+@pytest.fixture(scope='module')
+def kuryr_build(build):
+    path = testkuryr.build_dir(osstack.CACHE, KURYR_DAEMON_CONSTRAINTS)
+    conftest.require_tier('openstack', None if os.path.exists(os.path.join(path, 'complete'))
+                          else 'kuryr-daemon is not built (tools/openstack '
+                          'build-kuryr-daemon; cache %s)' % osstack.CACHE)
+    return path
+
+
+@pytest.fixture(scope='module')
+def release_controller(stack, kuryr_build):
+    """kuryr-controller of kuryr-daemon's release for this module, the stack's own after."""
+    stack.swap_controller('kuryr-daemon')
+    try:
+        yield
+    finally:
+        stack.swap_controller(None)
+
+
+@pytest.fixture
+def kuryr(stack, kuryr_build, release_controller):
+    daemon = testkuryr.KuryrDaemon(kuryr_build, stack.netns, stack.node, stack.env,
+                                   stack.env['K8S_ADMIN_TOKEN'])
+    try:
+        daemon.start()
+        yield daemon
+    except BaseException:
+        LOG_TAILS.append(('kuryr-daemon', daemon.log_tail()))
+        raise
+    finally:
+        daemon.close()
+
+
+# The runtime's fixture comes after ``pods`` in each test's arguments: it DELs every sandbox
+# before the pods go, as kubelet does. kuryr-daemon ignores a DEL that comes after the pod's
+# KuryrPort is gone, and its OVS port would stay.
+def kuryr_runtime(kuryr, cache_dir, timeout=150):
+    cni, plugin = kuryr.install_cni()
+    # 0.3.1: what kuryr-cni 10.0.0 answers in (it ignores the config's version).
+    return Runtime(None, None, cache_dir, cni_version='0.3.1', shim=cni, plugin=plugin,
+                   timeout=timeout)
+
+
+@pytest.fixture
+def pod_host(stack):
+    """The node's pod namespaces, without our daemon (kuryr-daemon's tests)."""
+    host = testhost.Host(prefix=SESSION_PREFIX, bridge=False, netns=stack.netns)
+    yield host
+    host.close()

@@ -26,74 +26,18 @@ import signal
 
 import pytest
 
-from tests import conftest as topconftest
 from tests import wait
 from tests.openstack import conftest
-from tests.openstack import stack as osstack
 from tests.openstack import steps
-from tools.testbed import host as testhost
-from tools.testbed import kuryr_daemon as testkuryr
 from tools.testbed import runtime as testruntime
 
-CONSTRAINTS = os.path.join(osstack.REPO, 'tools', 'kuryr-daemon-constraints.txt')
 ABANDON_AFTER = 1       # seconds our shim gives the ADD of the sandbox that is abandoned
 REACHABLE_WITHIN = 20   # seconds B gets to answer a ping after the late DELs
 
 
-@pytest.fixture(scope='module')
-def kuryr_build(build):
-    path = testkuryr.build_dir(osstack.CACHE, CONSTRAINTS)
-    topconftest.require_tier('openstack', None if os.path.exists(os.path.join(path, 'complete'))
-                             else 'kuryr-daemon is not built (tools/openstack '
-                             'build-kuryr-daemon; cache %s)' % osstack.CACHE)
-    return path
-
-
-@pytest.fixture(scope='module')
-def release_controller(stack, kuryr_build):
-    """kuryr-controller of kuryr-daemon's release for this module, the stack's own after."""
-    stack.swap_controller('kuryr-daemon')
-    try:
-        yield
-    finally:
-        stack.swap_controller(None)
-
-
-@pytest.fixture
-def kuryr(stack, kuryr_build, release_controller):
-    daemon = testkuryr.KuryrDaemon(kuryr_build, stack.netns, stack.node, stack.env,
-                                   stack.env['K8S_ADMIN_TOKEN'])
-    try:
-        daemon.start()
-        yield daemon
-    except BaseException:
-        conftest.LOG_TAILS.append(('kuryr-daemon', daemon.log_tail()))
-        raise
-    finally:
-        daemon.close()
-
-
-# The runtime's fixture comes after ``pods`` in each test's arguments: it DELs every sandbox
-# before the pods go, as kubelet does. kuryr-daemon ignores a DEL that comes after the pod's
-# KuryrPort is gone, and its OVS port would stay.
-def kuryr_runtime(kuryr, cache_dir, timeout=150):
-    cni, plugin = kuryr.install_cni()
-    # 0.3.1: what kuryr-cni 10.0.0 answers in (it ignores the config's version).
-    return conftest.Runtime(None, None, cache_dir, cni_version='0.3.1', shim=cni,
-                            plugin=plugin, timeout=timeout)
-
-
-@pytest.fixture
-def pod_host(stack):
-    """The node's pod namespaces, without our daemon (kuryr-daemon's tests)."""
-    host = testhost.Host(prefix=conftest.SESSION_PREFIX, bridge=False, netns=stack.netns)
-    yield host
-    host.close()
-
-
 @pytest.fixture
 def kuryr_cni(kuryr, tmp_path):
-    runtime = kuryr_runtime(kuryr, str(tmp_path / 'kuryr-cni-cache'))
+    runtime = conftest.kuryr_runtime(kuryr, str(tmp_path / 'kuryr-cni-cache'))
     yield runtime
     runtime.delete_all()
 

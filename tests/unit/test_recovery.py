@@ -187,3 +187,35 @@ def test_housekeeper_resyncs_only_when_asked(ownership, registry, tmp_path):
     keeper.tick()
     assert registry.bindings.get('ns/web') == binding('ns/web', 'c1').summary()
     assert registry.status.take_resync_request() is False
+
+
+class RecordedDeletes:
+    """An ownership that records the DELs it is asked to apply."""
+
+    def __init__(self, store):
+        self.store = store
+        self.seen = []
+
+    def delete(self, req, deadline):
+        self.seen.append((req.container_id, req.netns, req.ifname, req.network, req.pod.key,
+                          req.pod.uid))
+        return 'success'
+
+
+def test_the_del_of_a_sandbox_whose_namespace_vanished_is_applied(ownership, tmp_path):
+    run = tmp_path / 'netns'
+    run.mkdir()
+    (run / 'alive').touch()
+
+    def recorded(pod, cid, netns):
+        attachment = records.Attachment('kuryr', 'eth0', [])
+        return records.Binding(pod, cid, 'u-' + cid, {cid: records.Sandbox(
+            cid, netns, 'u-' + cid, {attachment.key: attachment})})
+
+    ownership.store.save(recorded('ns/gone', 'c1', str(run / 'gone')))
+    ownership.store.save(recorded('ns/alive', 'c2', str(run / 'alive')))
+    # A namespace directory this process does not see proves nothing.
+    ownership.store.save(recorded('ns/unseen', 'c3', str(tmp_path / 'unmounted' / 'x')))
+    deletes = RecordedDeletes(ownership.store)
+    assert recovery.delete_vanished(deletes) == 1
+    assert deletes.seen == [('c1', None, 'eth0', 'kuryr', 'ns/gone', 'u-c1')]
