@@ -14,6 +14,7 @@ request left unanswered.
 """
 
 import dataclasses
+import os
 
 from kuryr_cni import binding as drivers
 from kuryr_cni import errors
@@ -41,6 +42,11 @@ class Kernel:
     def netns_exists(self, path):
         """Whether ``path`` still names a network namespace (a DEL may come after it went)."""
         return netns.exists(path)
+
+    def netns_vanished(self, path):
+        """Whether ``path`` is gone from a directory still there: a missing directory
+        proves nothing (a mount this process does not see)."""
+        return not netns.exists(path) and os.path.isdir(os.path.dirname(path))
 
     def link_names(self, path):
         """The interface names in the pod namespace ``path``."""

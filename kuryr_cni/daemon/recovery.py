@@ -203,14 +203,13 @@ def replay_queue(ownership, queue, stop=None, retries=None):
 
 def delete_vanished(ownership):
     """Apply the DEL of every recorded sandbox whose namespace is gone (step 5);
-    returns how many sandboxes. A namespace whose directory is missing too
-    proves nothing (a mount this process does not see) and is left alone."""
+    returns how many sandboxes."""
     done = 0
     for pod_key, binding in sorted(ownership.store.load_all().items()):
         namespace, name = pod_key.split('/', 1)
         for cid, sandbox in sorted(binding.sandboxes.items()):
             path = sandbox.netns
-            if not path or os.path.exists(path) or not os.path.isdir(os.path.dirname(path)):
+            if not path or not ownership.kernel.netns_vanished(path):
                 continue
             for attachment in list(sandbox.attachments.values()):
                 req = cni_request.Request(

@@ -61,6 +61,9 @@ class RecordingKernel:
     def netns_exists(self, path):
         return path in self.namespaces
 
+    def netns_vanished(self, path):
+        return path not in self.namespaces
+
     def link_names(self, path):
         self.check_netns(path)
         return set(self.namespaces[path])

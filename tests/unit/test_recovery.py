@@ -11,6 +11,7 @@ import os
 import threading
 
 from kuryr_cni import errors
+from kuryr_cni import kernel
 from kuryr_cni import records
 from kuryr_cni import state
 from kuryr_cni.daemon import housekeeping
@@ -190,10 +191,11 @@ def test_housekeeper_resyncs_only_when_asked(ownership, registry, tmp_path):
 
 
 class RecordedDeletes:
-    """An ownership that records the DELs it is asked to apply."""
+    """An ownership that records the DELs it is asked to apply, with the real kernel port."""
 
     def __init__(self, store):
         self.store = store
+        self.kernel = kernel.Kernel()
         self.seen = []
 
     def delete(self, req, deadline):
@@ -205,7 +207,6 @@ class RecordedDeletes:
 def test_the_del_of_a_sandbox_whose_namespace_vanished_is_applied(ownership, tmp_path):
     run = tmp_path / 'netns'
     run.mkdir()
-    (run / 'alive').touch()
 
     def recorded(pod, cid, netns):
         attachment = records.Attachment('kuryr', 'eth0', [])
@@ -213,7 +214,7 @@ def test_the_del_of_a_sandbox_whose_namespace_vanished_is_applied(ownership, tmp
             cid, netns, 'u-' + cid, {attachment.key: attachment})})
 
     ownership.store.save(recorded('ns/gone', 'c1', str(run / 'gone')))
-    ownership.store.save(recorded('ns/alive', 'c2', str(run / 'alive')))
+    ownership.store.save(recorded('ns/alive', 'c2', '/proc/self/ns/net'))
     # A namespace directory this process does not see proves nothing.
     ownership.store.save(recorded('ns/unseen', 'c3', str(tmp_path / 'unmounted' / 'x')))
     deletes = RecordedDeletes(ownership.store)
