@@ -70,8 +70,8 @@ def figures(data):
 
 def upstream_figures(raw):
     """The figures of the kuryr-daemon phase: each system's, and kuryr-cni / kuryr-daemon."""
-    if 'skipped' in raw:
-        return {'skipped': raw['skipped']}
+    if 'skipped' in raw or 'failed' in raw:
+        return dict(raw)
     out = {'concurrency': raw['concurrency'], 'ping': raw['ping'],
            'clean': not raw['leftovers'], 'leftovers': raw['leftovers']}
     for key in ('serial_add', 'serial_del'):
@@ -194,8 +194,9 @@ def table(fig, goals, opts):
 
 def upstream_table(up):
     """The kuryr-daemon phase's figures: the three systems side by side."""
-    if 'skipped' in up:
-        return ['kuryr-daemon 10.0.0 skipped: %s' % up['skipped']]
+    if 'skipped' in up or 'failed' in up:
+        return ['kuryr-daemon 10.0.0 %s' % ('skipped: ' + up['skipped'] if 'skipped' in up
+                                            else 'FAILED: ' + up['failed'])]
     rows = [('against kuryr-daemon 10.0.0', 'kuryr-cni', 'reference', 'kuryr-daemon',
              'ratio')]
     for key, title in (('serial_add', 'serial ADD'), ('serial_del', 'serial DEL')):
