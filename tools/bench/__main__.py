@@ -38,17 +38,32 @@ def parse_args(argv):
                              '(default %(default)s; the highest one is the target\'s)')
     parser.add_argument('--no-reference', action='store_true',
                         help='measure kuryr-cni alone')
+    parser.add_argument('--kuryr-daemon', action='store_true',
+                        help='also measure kuryr-daemon 10.0.0 (OPENSTACK_CACHE\'s build); '
+                             'it ADDs about a pod a second, so it has counts of its own')
+    parser.add_argument('--kuryr-daemon-pods', type=int, default=defaults.kuryr_daemon_pods,
+                        help='kuryr-daemon: pods of the throughput batch (default %(default)s)')
+    parser.add_argument('--kuryr-daemon-serial', type=int,
+                        default=defaults.kuryr_daemon_serial,
+                        help='kuryr-daemon: serial ADDs and DELs (default %(default)s)')
+    parser.add_argument('--kuryr-daemon-memory-pods', type=int, nargs='+',
+                        default=list(defaults.kuryr_daemon_memory_pods),
+                        help='kuryr-daemon: pods attached for each PSS figure, kuryr-cni '
+                             'measured alike (default %(default)s; 500 takes ~10 min more)')
     parser.add_argument('--no-chart', action='store_true', help='write no PNG chart')
     parser.add_argument('--results', default=os.path.join(systems.driver_mod.REPO,
                                                           'bench-results'),
                         help='folder of the results; each run gets a timestamped '
                              'subfolder (default %(default)s)')
     args = parser.parse_args(argv)
-    for name in ('pods', 'workers', 'memory_pods', 'version_runs', 'rounds'):
+    for name in ('pods', 'workers', 'memory_pods', 'version_runs', 'rounds',
+                 'kuryr_daemon_pods', 'kuryr_daemon_serial'):
         if getattr(args, name) < 1:
             parser.error('--%s must be at least 1' % name.replace('_', '-'))
-    if args.pods + args.memory_pods > 60000 or min(args.concurrency) < 1:
-        parser.error('--pods + --memory-pods must stay under 60000, --concurrency above 0')
+    if (args.pods + args.memory_pods + max(args.kuryr_daemon_memory_pods) > 60000
+            or min(args.concurrency) < 1 or min(args.kuryr_daemon_memory_pods) < 1):
+        parser.error('--pods + --memory-pods + --kuryr-daemon-memory-pods must stay under '
+                     '60000, --concurrency and --kuryr-daemon-memory-pods above 0')
     return args
 
 
@@ -63,7 +78,10 @@ def main(argv=None):
     options = bench_run.Options(
         pods=args.pods, workers=args.workers, memory_pods=args.memory_pods,
         version_runs=args.version_runs, rounds=args.rounds,
-        concurrency=tuple(sorted(set(args.concurrency))), reference=not args.no_reference)
+        concurrency=tuple(sorted(set(args.concurrency))), reference=not args.no_reference,
+        kuryr_daemon=args.kuryr_daemon, kuryr_daemon_pods=args.kuryr_daemon_pods,
+        kuryr_daemon_serial=args.kuryr_daemon_serial,
+        kuryr_daemon_memory_pods=tuple(sorted(set(args.kuryr_daemon_memory_pods))))
     started = time.monotonic()
 
     def log(message):

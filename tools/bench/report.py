@@ -13,6 +13,7 @@ from tools.bench import stats
 
 KURYR = 'kuryr'
 REFERENCE = 'reference'
+UPSTREAM = 'kuryr_daemon'
 LATENCIES = ('serial_add', 'serial_del', 'add_none', 'add_attached', 'del_attached')
 
 
@@ -62,32 +63,71 @@ def figures(data):
     }
     out['pings'] = data['ping']
     out['clean'] = not any(data['leftovers'].values())
+    if 'kuryr_daemon' in data:
+        out['kuryr_daemon'] = upstream_figures(data['kuryr_daemon'])
+    return out
+
+
+def upstream_figures(raw):
+    """The figures of the kuryr-daemon phase: each system's, and kuryr-cni / kuryr-daemon."""
+    if 'skipped' in raw or 'failed' in raw:
+        return dict(raw)
+    out = {'concurrency': raw['concurrency'], 'ping': raw['ping'],
+           'clean': not raw['leftovers'], 'leftovers': raw['leftovers']}
+    for key in ('serial_add', 'serial_del'):
+        entry = {name: stats.latency_ms(samples) for name, samples in raw[key].items()}
+        entry['ratio'] = stats.ratio(entry[KURYR]['median'], entry[UPSTREAM]['median'])
+        out[key + '_ms'] = entry
+    for command in ('ADD', 'DEL'):
+        rates = {name: raw['throughput'][name][command] for name in raw['throughput']}
+        rates['ratio'] = stats.ratio(rates[KURYR], rates[UPSTREAM])
+        out[command.lower() + '_ops_per_s'] = rates
+        cpu = {}
+        for name in raw['throughput']:
+            used = dict(raw['throughput'][name]['cpu_ms'][command])
+            used['total'] = round(sum(used.values()), 2)
+            cpu[name] = used
+        cpu['ratio'] = stats.ratio(cpu[KURYR]['total'], cpu[UPSTREAM]['total'])
+        out[command.lower() + '_cpu_ms'] = cpu
+    pss = {'idle': {KURYR: raw['kuryr_pss_idle']['total_mib'],
+                    UPSTREAM: raw['pss_idle']['total_mib']}}
+    for count, totals in raw['pss_attached'].items():
+        pss[count] = {name: p['total_mib'] for name, p in totals.items()}
+    for entry in pss.values():
+        entry['ratio'] = stats.ratio(entry[KURYR], entry[UPSTREAM])
+    out['pss_mib'] = pss
     return out
 
 
 def targets(fig, opts):
     """Issue 12's targets, raised by issue 23 (ADD throughput, serial ADD, the daemon's
-    user CPU per ADD): ``[{name, value, limit, op, unit, met}]`` (met None: not measured)."""
+    user CPU per ADD) and by issue 34 (ADD throughput and serial ADD again, PSS, PSS
+    against kuryr-daemon's): ``[{name, value, limit, op, unit, met}]`` (met None: not
+    measured)."""
     top = str(max(opts['concurrency']))
     pss = fig['daemon_pss_mib']
     add_cpu = fig['cpu_ms_per_op'].get('add_c' + top, {}).get(KURYR, {})
     rows = [
         ('shim VERSION median vs reference', fig['version_ms']['ratio'], '<=', 1.2, 'x'),
-        ('serial ADD median vs reference', fig['serial_add_ms']['ratio']['median'], '<=', 1.0,
+        ('serial ADD median vs reference', fig['serial_add_ms']['ratio']['median'], '<=', 0.8,
          'x'),
         ('serial DEL median vs reference', fig['serial_del_ms']['ratio']['median'], '<=', 1.1,
          'x'),
         ('ADD throughput at c=%s vs reference' % top,
-         fig['throughput_ops_per_s'].get('add_c' + top, {}).get('ratio'), '>=', 1.15, 'x'),
+         fig['throughput_ops_per_s'].get('add_c' + top, {}).get('ratio'), '>=', 1.5, 'x'),
         ('DEL throughput at c=%s vs reference' % top,
          fig['throughput_ops_per_s'].get('del_c' + top, {}).get('ratio'), '>=', 1.2, 'x'),
         ('daemon user-space CPU per ADD at c=%s' % top, add_cpu.get('service_user'), '<=', 3.5,
          'ms'),
         ('daemon PSS, %d workers, %d pods attached' % (pss['workers'], pss['attached_pods']),
-         pss['attached'], '<=', 200, 'MiB'),
+         pss['attached'], '<=', 150, 'MiB'),
         ('ADD median with %d pods attached / with none' % pss['attached_pods'],
          fig['add_growth'][KURYR], '<=', 1.2, 'x'),
     ]
+    upstream = fig.get('kuryr_daemon', {}).get('pss_mib', {})
+    for count in sorted((c for c in upstream if c != 'idle'), key=int):
+        rows.append(('daemon PSS vs kuryr-daemon\'s, %s pods attached' % count,
+                     upstream[count]['ratio'], '<=', 0.75, 'x'))
     out = []
     for name, value, op, limit, unit in rows:
         met = None if value is None else (value <= limit if op == '<=' else value >= limit)
@@ -140,6 +180,9 @@ def table(fig, goals, opts):
         rows.append(('daemon PSS after warm-up, %s workers (MiB)' % workers, total, None, None))
     rows.append(('daemon PSS per extra worker (MiB)', pss['per_extra_worker'], None, None))
     text = _columns(rows)
+    if 'kuryr_daemon' in fig:
+        text.append('')
+        text.extend(upstream_table(fig['kuryr_daemon']))
     text.append('')
     for goal in goals:
         verdict = {True: 'met', False: 'MISSED', None: 'not measured'}[goal['met']]
@@ -147,6 +190,44 @@ def table(fig, goals, opts):
             goal['name'], _fmt(goal['value']), goal['op'], goal['limit'], goal['unit'],
             verdict))
     return '\n'.join(text)
+
+
+def upstream_table(up):
+    """The kuryr-daemon phase's figures: the three systems side by side."""
+    if 'skipped' in up or 'failed' in up:
+        return ['kuryr-daemon 10.0.0 %s' % ('skipped: ' + up['skipped'] if 'skipped' in up
+                                            else 'FAILED: ' + up['failed'])]
+    rows = [('against kuryr-daemon 10.0.0', 'kuryr-cni', 'reference', 'kuryr-daemon',
+             'ratio')]
+    for key, title in (('serial_add', 'serial ADD'), ('serial_del', 'serial DEL')):
+        entry = up[key + '_ms']
+        for q in ('median', 'p90'):
+            rows.append(('%s, %s (ms)' % (title, q), entry[KURYR][q],
+                         entry.get(REFERENCE, {}).get(q), entry[UPSTREAM][q],
+                         entry['ratio'] if q == 'median' else None))
+    for command in ('add', 'del'):
+        rates = up[command + '_ops_per_s']
+        rows.append(('%s throughput, concurrency %s (ops/s)' % (command.upper(),
+                                                                up['concurrency']),
+                     rates[KURYR], rates.get(REFERENCE), rates[UPSTREAM], rates['ratio']))
+        cpu = up[command + '_cpu_ms']
+        rows.append(('%s CPU per op, total (ms)' % command.upper(), cpu[KURYR]['total'],
+                     cpu.get(REFERENCE, {}).get('total'), cpu[UPSTREAM]['total'],
+                     cpu['ratio']))
+        for part, title in (('plugin', 'the executable the runtime runs'),
+                            ('service_user', 'the daemon in user space'),
+                            ('service_sys', 'the daemon in the kernel')):
+            rows.append(('  %s (ms)' % title, cpu[KURYR][part],
+                         cpu.get(REFERENCE, {}).get(part) if part == 'plugin' else None,
+                         cpu[UPSTREAM][part], None))
+    for count, entry in up['pss_mib'].items():
+        title = 'idle' if count == 'idle' else '%s pods attached' % count
+        rows.append(('daemon PSS, %s (MiB)' % title, entry[KURYR], None, entry[UPSTREAM],
+                     entry['ratio']))
+    lines = _columns(rows)
+    lines.append('(ratio: kuryr-cni / kuryr-daemon; kuryr-daemon left after its DELs: %s)'
+                 % ({k: len(v) for k, v in up['leftovers'].items()} or 'nothing'))
+    return lines
 
 
 def _columns(rows):
@@ -177,6 +258,7 @@ def write_json(path, data, fig, goals):
                    'machine': data['machine'], 'reference_skipped': data['reference_skipped'],
                    'hosts': data['hosts'], 'leftovers': data['leftovers'],
                    'daemon_forced_stops': data['daemon_forced_stops'],
+                   'kuryr_daemon': data.get('kuryr_daemon'),
                    'raw': {key: data[key] for key in (
                        'version', *LATENCIES, 'throughput', 'attach_wall', 'detach_wall',
                        'pss_idle', 'pss_attached', 'pss_workers')}},

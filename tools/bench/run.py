@@ -6,7 +6,9 @@ the highest concurrency → ADD latency with no
 pods attached → system after system: attach ``memory_pods`` → (kuryr-cni)
 daemon PSS → ADD latency with them attached → delete them → ADD latency with
 none again → check nothing is left → daemon PSS with ``workers`` and
-``workers + 2`` CNI workers after the same warm-up → remove both test hosts.
+``workers + 2`` CNI workers after the same warm-up → (with ``kuryr_daemon``)
+kuryr-daemon 10.0.0 on a third test host, beside the other two
+(:func:`_against_kuryr_daemon`) → remove every test host.
 Every system's hosts, namespaces, processes and files are removed on the way
 out, also on failure or SIGTERM.
 """
@@ -19,8 +21,10 @@ import platform
 import subprocess
 import time
 
+from tools.bench import driver as driver_mod
 from tools.bench import memory
 from tools.bench import systems as systems_mod
+from tools.bench import upstream
 from tools.bench import workload
 
 EXTRA_WORKERS = 2
@@ -35,6 +39,11 @@ class Options:
     rounds: int = 2
     concurrency: tuple = (10, 50)
     reference: bool = True
+    kuryr_daemon: bool = False
+    # kuryr-daemon ADDs ~1 pod/s at c=50 on two cores: its phase has counts of its own.
+    kuryr_daemon_pods: int = 50             # per throughput batch, at the highest concurrency
+    kuryr_daemon_serial: int = 10           # serial ADDs and DELs
+    kuryr_daemon_memory_pods: tuple = (50,)  # pods attached for each PSS figure
 
 
 def run(options, log):
@@ -61,6 +70,8 @@ def run(options, log):
         data.update(_measure(systems, kuryr, options, log))
         data['leftovers'] = {s.name: s.leftovers() for s in systems}
         data['pss_workers'] = _compare_workers(kuryr, options, log)
+        if options.kuryr_daemon:
+            data['kuryr_daemon'] = _against_kuryr_daemon(stack, systems, kuryr, options, log)
         data['daemon_forced_stops'] = kuryr.forced_stops
         log('Removing the test hosts')
     return data
@@ -125,6 +136,73 @@ def _measure(systems, kuryr, options, log):
         sandboxes = {system.name: system.sandboxes(base, next(generation))}
         out['add_none'][system.name] += workload.serial([system], 'ADD', sandboxes)[system.name]
         workload.serial([system], 'DEL', sandboxes)
+    return out
+
+
+def _against_kuryr_daemon(stack, systems, kuryr, options, log):
+    """kuryr-daemon 10.0.0 beside the others: the same phases, the same VIFs, own counts.
+
+    Runs after the worker comparison, which leaves kuryr-cni's daemon with
+    ``workers + 2`` workers: it is set back to ``workers`` first. Serial operations and the
+    throughput batch are interleaved with the other systems as everywhere
+    (each with fresh sandboxes of the same pod indexes); the memory figures
+    attach each count of pods to kuryr-cni and to kuryr-daemon in turn (only
+    one system's pods attached at a time) and read both daemons' PSS.
+    Returns the raw measurements, or ``{'skipped': why}`` or ``{'failed': why}``
+    (the other systems' figures are kept either way).
+    """
+    missing = upstream.missing()
+    if missing:
+        log('Skipping kuryr-daemon: %s' % missing)
+        return {'skipped': missing}
+    log('Starting kuryr-daemon 10.0.0 on a test host')
+    upstream_system = upstream.KuryrDaemonSystem()
+    stack.callback(upstream_system.close)
+    try:
+        return _upstream_phase(upstream_system, systems, kuryr, options, log)
+    except (systems_mod.BenchError, driver_mod.DriverError) as exc:
+        # Under heavy load its kuryr-cni can outlast the driver's timeout: the
+        # figures of the other systems are kept, and the failure is reported.
+        log('kuryr-daemon phase failed: %s' % exc)
+        return {'failed': str(exc)[:2000]}
+
+
+def _upstream_phase(upstream_system, systems, kuryr, options, log):
+    kuryr.restart_daemon(options.workers)
+    out = {'pss_idle': memory.daemon_pss(upstream_system.session),
+           'kuryr_pss_idle': memory.daemon_pss(kuryr.host)}
+    every = list(systems) + [upstream_system]
+    generation = itertools.count(2000)
+
+    def fresh(indexes):
+        gen = next(generation)
+        return {s.name: s.sandboxes(indexes, gen) for s in every}
+
+    log('kuryr-daemon: serial ADD and DEL of %d pods, beside the others'
+        % options.kuryr_daemon_serial)
+    sandboxes = fresh(range(options.kuryr_daemon_serial))
+    out['serial_add'] = workload.serial(every, 'ADD', sandboxes)
+    out['ping'] = upstream_system.host.ping(sandboxes[upstream_system.name][0].netns,
+                                            upstream_system.gateway())
+    out['serial_del'] = workload.serial(every, 'DEL', sandboxes)
+    top = max(options.concurrency)
+    log('kuryr-daemon: ADD then DEL of %d pods at concurrency %d, beside the others'
+        % (options.kuryr_daemon_pods, top))
+    out['throughput'] = workload.throughput(
+        every, lambda: fresh(range(options.kuryr_daemon_pods)), top, 1)
+    out['concurrency'] = top
+    out['pss_attached'] = {}
+    first = options.pods + options.memory_pods
+    for count in options.kuryr_daemon_memory_pods:
+        indexes = range(first, first + count)
+        for system, session in ((kuryr, kuryr.host), (upstream_system, upstream_system.session)):
+            log('%s: attaching %d pods for its PSS' % (system.label, count))
+            attached = {system.name: system.sandboxes(indexes, next(generation))}
+            workload.attach_many([system], attached, 'ADD', top)
+            out['pss_attached'].setdefault(str(count), {})[system.name] = \
+                memory.daemon_pss(session)
+            workload.attach_many([system], attached, 'DEL', top)
+    out['leftovers'] = upstream_system.leftovers()
     return out
 
 

@@ -1,4 +1,4 @@
-"""The two CNIs under test, each on a test host of its own, behind the same driver.
+"""The CNIs under test, each on a test host of its own, behind the same driver.
 
 :class:`System` is what a runtime knows of a CNI: a plugin executable, a
 network config, the ``CNI_PATH`` it needs, and a result cache (the ADD result
@@ -59,6 +59,17 @@ class Sandbox:
     def cni_args(self):
         return ';'.join(['IgnoreUnknown=1', 'K8S_POD_NAMESPACE=' + self.pod_namespace,
                          'K8S_POD_NAME=' + self.pod_name, 'K8S_POD_UID=' + self.pod_uid])
+
+
+def bridge_vifs(index):
+    """Pod ``index``'s bridge-kind VIF: 10.10.x.y/16 on the host's bridge (``{'eth0': vif}``).
+
+    The same for every system that reads VIFs (kuryr-cni, kuryr-daemon).
+    """
+    octet3, octet4 = divmod(index, HOSTS_PER_OCTET)
+    return testhost.Host.vifs(index, ips=['%s.%d.%d/16' % (KURYR_PREFIX, octet3, octet4 + 2)],
+                              mac='fa:16:3e:01:%02x:%02x' % (index // 256, index % 256),
+                              mtu=MTU)
 
 
 def reference_missing():
@@ -232,11 +243,7 @@ class KuryrSystem(System):
             self.wait_for_pods(len(self._pods))
 
     def vifs(self, index):
-        """Pod ``index``'s bridge-kind VIF: 10.10.x.y/16 on the host's bridge."""
-        octet3, octet4 = divmod(index, HOSTS_PER_OCTET)
-        return self.host.vifs(index, ips=['%s.%d.%d/16' % (KURYR_PREFIX, octet3, octet4 + 2)],
-                              mac='fa:16:3e:01:%02x:%02x' % (index // 256, index % 256),
-                              mtu=MTU)
+        return bridge_vifs(index)
 
     def wait_for_pods(self, count, timeout=120):
         """Wait until the daemon's watcher has seen ``count`` pods (its /v1/status)."""

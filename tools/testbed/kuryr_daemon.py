@@ -46,7 +46,7 @@ def build_dir(cache, constraints):
 class KuryrDaemon:
     """kuryr-daemon for ``node`` in namespace ``netns_name``, files under a new directory."""
 
-    def __init__(self, build, netns_name, node, env, token_file):
+    def __init__(self, build, netns_name, node, env, token_file, debug=True):
         self.venv = os.path.join(build, 'venv')
         self.netns = netns_name
         self.path = '/run/netns/' + netns_name
@@ -55,6 +55,7 @@ class KuryrDaemon:
         self.dir = tempfile.mkdtemp(prefix='kc-kuryr-daemon-')
         self.conf = os.path.join(self.dir, 'kuryr.conf')
         self.log = os.path.join(self.dir, 'kuryr-daemon.log')
+        self.debug = debug      # False: logging as a production node ran it (the benchmark)
         self.process = None
         self._scratch = None
         os.makedirs(os.path.join(self.dir, 'lock'))
@@ -63,9 +64,12 @@ class KuryrDaemon:
         self._write_config()
 
     def _write_config(self):
+        # No K8S_CA: a plain-HTTP API (the benchmark's stand-in), nothing to verify.
+        tls = ('ssl_ca_crt_file = %s\nssl_verify_server_crt = True' % self.env['K8S_CA']
+               if self.env.get('K8S_CA') else 'ssl_verify_server_crt = False')
         with open(self.conf, 'w') as f:
             f.write(f"""[DEFAULT]
-debug = True
+debug = {self.debug}
 log_file = {self.log}
 lock_path = {self.dir}/lock
 
@@ -74,8 +78,7 @@ lock_path = {self.dir}/lock
 
 [kubernetes]
 api_root = {self.env['K8S_URL']}
-ssl_ca_crt_file = {self.env['K8S_CA']}
-ssl_verify_server_crt = True
+{tls}
 token_file = {self.dir}/token
 
 [cni_daemon]

@@ -1,0 +1,175 @@
+"""kuryr-daemon 10.0.0, upstream's last release, as a third system under test.
+
+It runs from the virtualenv ``tools/openstack build-kuryr-daemon`` built (its
+own pins: pyroute2 0.7.12, os-vif 3.5.0; never rebuilt here) on a test host of
+its own, logging as a production node did (no debug), started by
+:class:`tools.testbed.kuryr_daemon.KuryrDaemon`. It reads its VIFs from
+KuryrPort objects, which the host's wire-level Kubernetes API stand-in serves
+(list, watch, label selector: what its watchers ask for; a bearer token, as its
+``token_file`` must name one). Before any ADD each pod and its KuryrPort
+exist, the KuryrPort already carrying an active ``VIFBridge`` (plugin
+``linux_bridge``) with the same MAC, address, MTU and bridge as kuryr-cni's
+bridge-kind VIF for the same pod index: both daemons plug it alike, a veth
+whose host end joins the host's Linux bridge; no Open vSwitch is involved.
+
+The runtime execs its own ``kuryr-cni`` executable (a Python program: its
+import of os-vif and oslo is paid on every operation) with a 10.0.0 node's
+network entry; it answers in CNI 0.3.1 whatever the config says.
+"""
+
+import contextlib
+import os
+import subprocess
+
+from tools.bench import systems as systems_mod
+from tools.testbed import host as testhost
+from tools.testbed import kuryr_daemon as testkuryr
+
+CONSTRAINTS = os.path.join(systems_mod.driver_mod.REPO, 'tools',
+                           'kuryr-daemon-constraints.txt')
+CNI_VERSION = '0.3.1'     # what kuryr-cni 10.0.0 answers in
+TOKEN = 'kc-bench-token'
+NETWORK_ID = 'b9b2c6a4-1f0c-4d4c-8c0e-2a7d5f1e9c33'
+
+
+def build():
+    """The prebuilt kuryr-daemon virtualenv's directory, or None when there is none."""
+    cache = (os.environ.get('OPENSTACK_CACHE')
+             or os.path.join(systems_mod.driver_mod.REPO, '.cache', 'openstack'))
+    path = testkuryr.build_dir(cache, CONSTRAINTS)
+    return path if os.path.exists(os.path.join(path, 'complete')) else None
+
+
+def missing():
+    """Why kuryr-daemon cannot run here, or None when it can."""
+    if build() is None:
+        return ('kuryr-daemon 10.0.0 is not built (tools/openstack build-kuryr-daemon, '
+                'with OPENSTACK_CACHE set to its cache)')
+    return None
+
+
+def _obj(name, data, version='1.0'):
+    return {'versioned_object.name': name, 'versioned_object.namespace': 'os_vif',
+            'versioned_object.version': version, 'versioned_object.data': data}
+
+
+def vif_bridge(vif):
+    """kuryr-cni's bridge-kind VIF ``vif`` as the os-vif primitive kuryr-controller writes."""
+    address, prefix = vif['ips'][0].split('/')
+    octets = address.split('.')
+    cidr = '%s.%s.0.0/%s' % (octets[0], octets[1], prefix)
+    subnet = _obj('Subnet', {
+        'cidr': cidr, 'dns': [], 'gateway': vif['gateway'],
+        'ips': _obj('FixedIPList', {'objects': [_obj('FixedIP', {'address': address})]}),
+        'routes': _obj('RouteList', {'objects': []})})
+    network = _obj('Network', {
+        'id': NETWORK_ID, 'bridge': vif['bridge'], 'label': 'ns/default-net',
+        'mtu': vif['mtu'], 'multi_host': False, 'should_provide_bridge': False,
+        'should_provide_vlan': False, 'subnets': _obj('SubnetList', {'objects': [subnet]})},
+        version='1.1')
+    return _obj('VIFBridge', {
+        'active': True, 'address': vif['mac'], 'bridge_name': vif['bridge'],
+        'has_traffic_filtering': False, 'id': vif['port_id'], 'network': network,
+        'plugin': 'linux_bridge', 'preserve_on_delete': False,
+        # Its host end's name: 'tap' and the port ID, at most 14 characters, as Neutron's.
+        'vif_name': ('tap' + vif['port_id'])[:14]})
+
+
+class _Session:
+    """What :func:`tools.bench.memory.daemon_pss` reads: the daemon's processes."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+
+    def processes(self):
+        # Its session: the parent, cotyledon's workers, the watchers, the privsep
+        # helper os-vif starts (started by the daemon, so in its session).
+        out = subprocess.run(['ps', '-o', 'pid=,args=', '-s', str(self.daemon.process.pid)],
+                             capture_output=True, text=True, timeout=10).stdout
+        return {int(line.split(None, 1)[0]): _title(line.split(None, 1)[1])
+                for line in out.strip().splitlines()}
+
+
+def _title(args):
+    """A short role for a kuryr-daemon process (its own titles are the command line)."""
+    if 'privsep-helper' in args:
+        return 'privsep-helper'
+    if args.startswith('ip netns exec'):
+        return 'ip netns exec'
+    return args.split('--config-file')[0].strip().rsplit('/', 1)[-1] or args
+
+
+class KuryrDaemonSystem(systems_mod.System):
+    name = 'kuryr_daemon'
+    label = 'kuryr-daemon 10.0.0'
+
+    def __init__(self):
+        host = testhost.Host(prefix='kc-bench')
+        self.daemon = None
+        try:
+            host.start_api(token=TOKEN)
+            token_file = os.path.join(host.workdir, 'token')
+            with open(token_file, 'w') as f:
+                f.write(TOKEN)
+            self.daemon = testkuryr.KuryrDaemon(build(), host.ns, testhost.NODE,
+                                                {'K8S_URL': host.api.url, 'OVSDB': 'unix:'},
+                                                token_file, debug=False)
+            self.daemon.start()
+            executable = os.path.join(self.daemon.venv, 'bin', 'kuryr-cni')
+            netconf = {'cniVersion': CNI_VERSION, 'name': 'kuryr', 'type': 'kuryr-cni',
+                       'kuryr_conf': self.daemon.conf, 'debug': False}
+            super().__init__(host, executable, netconf, '/opt/cni/bin')
+        except BaseException:
+            if self.daemon is not None:
+                self.daemon.close()
+            host.close()
+            raise
+        self.session = _Session(self.daemon)
+        self._pods = set()
+
+    def prepare_pods(self, indexes):
+        for index in indexes:
+            if index in self._pods:
+                continue
+            name, uid = 'pod-%d' % index, 'uid-%d' % index
+            self.host.api.create_pod('default', name, testhost.NODE, uid=uid)
+            vif = systems_mod.bridge_vifs(index)['eth0']
+            self.host.api.create_kuryrport(
+                'default', name, testhost.NODE,
+                spec={'podUid': uid, 'podStatic': False, 'podNodeName': testhost.NODE},
+                status={'vifs': {'eth0': {'default': True, 'vif': vif_bridge(vif)}}})
+            self._pods.add(index)
+
+    def service_cpu(self):
+        """``(user, system)`` CPU seconds of its processes, and of those it forked and reaped.
+
+        kuryr-daemon forks a process per request (``[cni_daemon] worker_num`` is
+        the most at once): their CPU is counted in their parent once reaped.
+        """
+        user = system = 0
+        for pid in self.session.processes():
+            try:
+                with open('/proc/%d/stat' % pid) as f:
+                    fields = f.read().rpartition(')')[2].split()
+            except FileNotFoundError:
+                continue
+            user += int(fields[11]) + int(fields[13])
+            system += int(fields[12]) + int(fields[14])
+        return user / systems_mod.CLOCK_TICKS, system / systems_mod.CLOCK_TICKS
+
+    def gateway(self):
+        return testhost.GATEWAY
+
+    def leftovers(self):
+        bridge = self.host.links().get(testhost.BRIDGE, {}).get('index')
+        ports = [name for name, link in self.host.links().items()
+                 if bridge is not None and link.get('master') == bridge]
+        return {'devices': sorted(ports)} if ports else {}
+
+    def close(self):
+        try:
+            if self.daemon is not None:
+                with contextlib.suppress(Exception):
+                    self.daemon.close()
+        finally:
+            super().close()
