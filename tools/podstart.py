@@ -1,0 +1,366 @@
+"""Pod start latency in ClusterLoader2's node-throughput shape, by hand.
+
+    python -m tools.podstart node [--pods 100] [--rate 5] [--out FILE]     (root)
+    python -m tools.podstart gate [--pods 100] [--rate 5] [--out FILE]     (root)
+
+The shape: ``--pods`` pods on one node, offered at ``--rate`` pods a second,
+then again as one burst (all created at once). ``node``: the node tier's node
+(:mod:`tests.node.kubenode`, kubelet 1.20 + containerd 1.6), each shape run
+once with the kuryr-cni daemon (and the tier's stand-in for kuryr-controller
+and Neutron) and once with the reference plugins (Debian's ``bridge`` +
+``host-local``), alternating, in the same run (:mod:`tests.node.bench`
+switches the plugin). ``gate``: the gate topology (:mod:`tests.gate.conftest`:
+the real kube-apiserver, kuryr-controller, Neutron ML2/OVN and the node tier's
+node), kuryr-cni only, with each pod's steps (Neutron port created, KuryrPort
+written, plugged, ACTIVE, KuryrPort active) timed by polling them.
+
+Each pod's start is measured three ways, p50/p95/p99 of each printed as JSON:
+
+``watched``
+    from just before its create request to the moment a watch of the node's
+    pods shows every container running (this process's monotonic clock);
+``api``
+    from its ``creationTimestamp`` to its ``Ready`` condition's
+    ``lastTransitionTime`` (what ClusterLoader2's pod-startup measurement
+    reads; the API's timestamps have a resolution of one second);
+``kubelet``
+    kubelet's own ``kubelet_pod_start_duration_seconds`` histogram (from its
+    first sight of the pod to running), read from its ``/metrics`` before and
+    after the shape; quantiles as the histogram's bucket bounds allow.
+
+Everything made (namespaces, processes, files, pods, ports) is removed on exit.
+"""
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+SHAPES = ('rate', 'burst')
+# The machine is shared: waiting longer for it to be idle would not make it so.
+SETTLE_TIMEOUT = 15
+API_POLL = 0.2          # seconds between two polls of the gate's per-step observations
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+def summary(values):
+    if not values:
+        return None
+    return {'pods': len(values), 'p50': round(statistics.median(values), 2),
+            'p95': round(percentile(values, 0.95), 2),
+            'p99': round(percentile(values, 0.99), 2), 'max': round(max(values), 2)}
+
+
+def _time(stamp):
+    return datetime.datetime.strptime(stamp, '%Y-%m-%dT%H:%M:%SZ').replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+def api_latency(pod):
+    """creationTimestamp → the Ready condition's lastTransitionTime, in seconds."""
+    ready = [c for c in pod['status'].get('conditions', ())
+             if c['type'] == 'Ready' and c['status'] == 'True']
+    return _time(ready[0]['lastTransitionTime']) - _time(pod['metadata']['creationTimestamp'])
+
+
+# kubelet's histogram ---------------------------------------------------------------------
+
+HISTOGRAM = 'kubelet_pod_start_duration_seconds_bucket'
+
+
+def kubelet_buckets(node):
+    """``{upper bound: count}`` of kubelet's pod-start histogram, or None if unreadable."""
+    try:
+        text = subprocess.run(
+            ['ip', 'netns', 'exec', node.ns, 'curl', '-sk', '--max-time', '10',
+             'https://127.0.0.1:10250/metrics'],
+            capture_output=True, text=True, timeout=20, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith(HISTOGRAM + '{'):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[float(bound)] = float(line.rsplit(' ', 1)[1])
+    return buckets or None
+
+
+def histogram_quantiles(before, after):
+    """p50/p95/p99 of the observations between two readings: each the upper bound of the
+    bucket it falls in (kubelet's buckets are 0.005 … 10 s and +Inf)."""
+    if not before or not after:
+        return None
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0) for b in bounds]      # cumulative
+    total = counts[-1]
+    if not total:
+        return None
+    figures = {'pods': int(total)}
+    for name, fraction in (('p50', 0.5), ('p95', 0.95), ('p99', 0.99)):
+        figures[name] = next(b for b, c in zip(bounds, counts) if c >= fraction * total)
+    return figures
+
+
+# One shape -------------------------------------------------------------------------------
+
+def offer(pods, names, rate):
+    """Create the pods named, at ``rate`` a second (None: all at once); ``{uid: sent}``."""
+    sent = {}
+    started = time.monotonic()
+
+    def create(index_name):
+        index, name = index_name
+        if rate:
+            delay = started + index / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)       # the offered pace, not an event to wait for
+        at = time.monotonic()
+        sent[pods.create(name)['metadata']['uid']] = at
+    # Threads enough that a slow create request does not hold the next ones back.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(create, enumerate(names), timeout=600))
+    return sent
+
+
+def run_shape(node, pods, clock, prefix, count, rate, observer=None):
+    """One shape: its figures, and each pod's (watched, api) latency by name."""
+    names = ['%s-%d' % (prefix, i) for i in range(count)]
+    kubelet_before = kubelet_buckets(node)
+    if observer:
+        observer.start()
+    sent = offer(pods, names, rate)
+    running = pods.wait_running(names, timeout=120 + 3 * count)
+    deadline = time.monotonic() + 30
+    while set(sent) - set(clock.running) and time.monotonic() < deadline:
+        time.sleep(0.1)     # the watch is behind the list that saw them running
+    kubelet_after = kubelet_buckets(node)
+    watched = [clock.running[uid] - at for uid, at in sent.items() if uid in clock.running]
+    api = [api_latency(pods.get(name) or running[name]) for name in names]
+    figures = {'watched': summary(watched), 'api': summary(api),
+               'kubelet': histogram_quantiles(kubelet_before, kubelet_after)}
+    if observer:
+        figures['steps'] = observer.stop()
+    for name in names:
+        pods.delete(name)
+    pods.wait_gone(names, timeout=120 + 3 * count)
+    return figures
+
+
+def shapes(args):
+    return [(shape, args.rate if shape == 'rate' else None) for shape in SHAPES]
+
+
+def load():
+    return [round(n, 2) for n in os.getloadavg()]
+
+
+# The node tier ---------------------------------------------------------------------------
+
+def node_tier(args):
+    from tests.k8s import cluster as k8s
+    from tests.node import bench
+    from tests.node import controller as kcontroller
+    from tests.node import kubenode
+    reason = kubenode.missing()
+    if reason:
+        sys.exit('cannot run: %s' % reason)
+    prefix = 'kc-ps%d' % os.getpid()
+    results = {}
+    with k8s.serving(prefix) as cluster:
+        node = kubenode.KubeNode(cluster, prefix)
+        try:
+            node.start_daemon()
+            for plugin in ('bridge', 'host-local'):
+                shutil.copy('/usr/lib/cni/' + plugin, os.path.join(node.dir, 'cni', 'bin'))
+            node.wait_ready_node()
+            with kubenode.pods_deleted_after(cluster, node) as pods:
+                clock = bench.Clock(cluster, node)
+                try:
+                    for number, (shape, rate) in enumerate(shapes(args)):
+                        order = ['kuryr-cni', 'reference'][::1 if number % 2 == 0 else -1]
+                        for plugin in order:
+                            playing = (kcontroller.Controller(cluster, node)
+                                       if plugin == 'kuryr-cni' else None)
+                            try:
+                                bench.use(node, plugin)
+                                bench.probe(pods, node, plugin)
+                                bench.settle(SETTLE_TIMEOUT)
+                                key = '%s %s' % (plugin, shape)
+                                loaded = load()
+                                results[key] = run_shape(node, pods, clock, shape, args.pods,
+                                                         rate)
+                                results[key]['load'] = loaded
+                                print(key, json.dumps(results[key]), flush=True)
+                            finally:
+                                if playing is not None:
+                                    playing.close()
+                finally:
+                    clock.close()
+        finally:
+            node.close()
+    return results
+
+
+# The gate topology -----------------------------------------------------------------------
+
+STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active')
+
+
+class StepObserver:
+    """Each pod's kuryr-controller and daemon steps, polled, in seconds after its
+    creation request (as :mod:`tests.openstack.steps` does for one pod)."""
+
+    def __init__(self, stack, pods, clock):
+        self.stack = stack
+        self.pods = pods
+        self.clock = clock
+        self.sent = {}          # name -> (uid, monotonic)
+        self.at = {}            # name -> {step: seconds}
+
+    def start(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+        original = self.pods.create
+
+        def create(name, **kwargs):
+            at = time.monotonic()
+            pod = original(name, **kwargs)
+            self.sent[name] = (pod['metadata']['uid'], at)
+            return pod
+        self.pods.create = create
+
+    def _poll(self):
+        ports = {}
+        while not self._stop.is_set():
+            for name, (uid, sent) in list(self.sent.items()):
+                at = self.at.setdefault(name, {})
+                if len(at) == len(STEPS):
+                    continue
+                now = time.monotonic() - sent
+                try:
+                    if name not in ports:
+                        found = self.stack.ports_of(uid)
+                        if not found:
+                            continue
+                        ports[name] = found[0]['id']
+                        at['port created'] = now
+                    vif = (((self.stack.kuryrport(name) or {}).get('status') or {})
+                           .get('vifs', {}).get('eth0', {}).get('vif'))
+                    if vif:
+                        at.setdefault('KuryrPort written', now)
+                        if vif['versioned_object.data'].get('active'):
+                            at.setdefault('KuryrPort active', now)
+                    if 'plugged' not in at and self.stack.plugged_interface(ports[name]):
+                        at['plugged'] = now
+                    if 'ACTIVE' not in at and \
+                            self.stack.port(ports[name])['status'] == 'ACTIVE':
+                        at['ACTIVE'] = now
+                except Exception:       # noqa: the next round reads again
+                    continue
+            self._stop.wait(API_POLL)
+
+    def stop(self):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(
+                len(self.at.get(name, ())) < len(STEPS) for name in self.sent):
+            time.sleep(API_POLL)
+        self._stop.set()
+        self._thread.join(30)
+        del self.pods.create
+        steps = {step: summary([at[step] for at in self.at.values() if step in at])
+                 for step in STEPS}
+        # The step from the last of kuryr-controller's to the pod running: the daemon's
+        # and kubelet's share, from the ports written to the watch seeing it run.
+        running = {name: self.clock.running[uid] - sent
+                   for name, (uid, sent) in self.sent.items() if uid in self.clock.running}
+        steps['Running'] = summary(list(running.values()))
+        steps['KuryrPort written → Running'] = summary([
+            running[name] - at['KuryrPort written'] for name, at in self.at.items()
+            if name in running and 'KuryrPort written' in at])
+        steps['plugged → Running'] = summary([
+            running[name] - at['plugged'] for name, at in self.at.items()
+            if name in running and 'plugged' in at])
+        self.sent, self.at = {}, {}
+        return steps
+
+
+def gate_tier(args):
+    from tests.gate import conftest as gate
+    from tests.node import bench
+    from tests.node import kubenode
+    from tests.openstack import stack as osstack
+    reason = kubenode.missing() or osstack.missing()
+    if reason:
+        sys.exit('cannot run: %s' % reason)
+    prefix = 'kc-pg%d' % os.getpid()
+    results = {}
+    workdir = tempfile.mkdtemp(prefix='kc-podstart-')
+    try:
+        stack = osstack.Stack(workdir, prefix + '-osp', kubenode.NODE_NAME)
+        try:
+            cluster = gate.StackCluster(stack)
+            stack.k8s('DELETE', '/api/v1/nodes/' + kubenode.NODE_NAME)
+            node = kubenode.KubeNode(cluster, prefix, netns=stack.netns)
+            try:
+                ovs_run = os.path.join(node.dir, 'mnt', 'run', 'openvswitch')
+                os.makedirs(ovs_run, exist_ok=True)
+                os.symlink(stack.env['OVSDB'].split(':', 1)[1],
+                           os.path.join(ovs_run, 'db.sock'))
+                node.start_daemon()
+                node.wait_ready_node()
+                with kubenode.pods_deleted_after(cluster, node) as pods:
+                    clock = bench.Clock(cluster, node)
+                    try:
+                        for shape, rate in shapes(args):
+                            key = 'kuryr-cni %s' % shape
+                            loaded = load()
+                            observer = StepObserver(stack, pods, clock)
+                            results[key] = run_shape(node, pods, clock, shape, args.pods,
+                                                     rate, observer)
+                            results[key]['load'] = loaded
+                            print(key, json.dumps(results[key]), flush=True)
+                    finally:
+                        clock.close()
+            finally:
+                node.close()
+                cluster.close()
+        finally:
+            stack.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('tier', choices=('node', 'gate'))
+    parser.add_argument('--pods', type=int, default=100)
+    parser.add_argument('--rate', type=float, default=5.0, help='pods offered a second')
+    parser.add_argument('--out')
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    results = (node_tier if args.tier == 'node' else gate_tier)(args)
+    report = {'tier': args.tier, 'pods': args.pods, 'rate': args.rate,
+              'seconds': round(time.monotonic() - started), 'results': results}
+    print(json.dumps(report, indent=1))
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == '__main__':
+    main()
