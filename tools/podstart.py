@@ -48,6 +48,9 @@ import time
 SHAPES = ('rate', 'burst')
 # The machine is shared: waiting longer for it to be idle would not make it so.
 SETTLE_TIMEOUT = 15
+# Seconds, plus 3 a pod, for a shape's pods to run and then to go: a 40-pod burst behind
+# Neutron did not run in 240 s under a load average of 56.
+START_TIMEOUT = 300
 API_POLL = 0.2          # seconds between two polls of the gate's per-step observations
 
 
@@ -110,7 +113,7 @@ def run_shape(pods, clock, prefix, count, rate, observer=None):
     if observer:
         observer.start()
     sent = offer(pods, names, rate)
-    running = pods.wait_running(names, timeout=120 + 3 * count)
+    running = pods.wait_running(names, timeout=START_TIMEOUT + 3 * count)
     deadline = time.monotonic() + 30
     while set(sent) - set(clock.running) and time.monotonic() < deadline:
         time.sleep(0.1)     # the watch is behind the list that saw them running
@@ -122,7 +125,7 @@ def run_shape(pods, clock, prefix, count, rate, observer=None):
         figures['steps'] = observer.stop()
     for name in names:
         pods.delete(name)
-    pods.wait_gone(names, timeout=120 + 3 * count)
+    pods.wait_gone(names, timeout=START_TIMEOUT + 3 * count)
     return figures
 
 
