@@ -176,12 +176,16 @@ class Scheduler:
                     raise AssertionError('worker %s neither parked nor ended within %d s'
                                          % (worker.name, RESUME_TIMEOUT))
 
-        if self.observe is None:
-            run()
-        else:
-            self.observe(worker, run)
-        if worker.done:
-            self.workers.remove(worker)
+        try:
+            if self.observe is None:
+                run()
+            else:
+                self.observe(worker, run)
+        finally:
+            # Also when an invariant failed on the slice: the worker ended all the same,
+            # and the stop in the test's clean-up must not report it as one that never ends.
+            if worker.done:
+                self.workers.remove(worker)
 
     def park(self, worker, key, seen):
         """Called in ``worker``'s thread: wait until the test's thread resumes it."""
