@@ -4,6 +4,8 @@ random runs of the CI profile rarely go: a kuryr-daemon port whose proof fails, 
 planted port in a sandbox's namespace; a crash between the adoption's record and tag.
 """
 
+import pytest
+
 from tests.model import real_protocol as rp
 from tests.model import test_real_protocol_regressions as regressions
 
@@ -48,3 +50,34 @@ def test_a_crash_between_the_record_and_the_tags_loses_nothing():
                        ('delete', 'p0-s0', 6),     # hold (2), then open, write, fsync, rename
                        ('restart',),
                        ('delete', 'p0-s0'))
+
+
+# Open gaps of the code (real_protocol.EXCLUDED_IN_CI, doc/source/ownership.rst "Open"):
+# strict, so each turns into a failure the day its gap is closed.
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason=rp.ADOPTION_BESIDE_A_BORROWED_PORT)
+def test_open_an_adoption_beside_a_borrowed_port_binds_one_port_to_two_pods():
+    """pod-0's record names pod-1's port (variant 2); pod-0's ADD is admitted, as pod-1
+    holds nothing yet; the scan then adopts pod-1's kuryr-daemon port: two pods of the
+    node hold port-1-0."""
+    regressions.replay(('vifs', POD1, 0, True),
+                       ('vifs', POD0, 2, True),
+                       ('stop',),
+                       ('kuryr_daemon_sandbox', 'p1-s0'),
+                       ('restart',),
+                       ('add', 'p0-s0'),
+                       ('housekeeping',))
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason=rp.QUEUED_DEL_OF_KURYR_DAEMON_SANDBOX)
+def test_open_a_queued_del_of_a_kuryr_daemon_sandbox_leaves_its_port():
+    """The shim queues the DEL of kuryr-daemon's sandbox while the daemon is down; the
+    start-up replay runs before the watcher has the pod's VIFs, so proves nothing,
+    answers noop and drops the entry: kuryr-daemon's port stays on br-int."""
+    regressions.replay(('vifs', POD0, 0, True),
+                       ('stop',),
+                       ('kuryr_daemon_sandbox', 'p0-s0'),
+                       ('delete', 'p0-s0'),
+                       ('restart',))
