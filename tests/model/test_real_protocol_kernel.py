@@ -13,6 +13,7 @@ namespaces. Needs root and iproute2.
 
 import os
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -33,6 +34,8 @@ from tests.functional.conftest import root_netns_untouched  # noqa: F401 - the l
 from tests.model import real_protocol
 
 pytestmark = pytest.mark.skipif(not CAN_RUN, reason=SKIP_REASON)
+
+NETNS_GONE_TIMEOUT = 10     # seconds the kernel may take to destroy a deleted namespace
 
 
 def ip(*args):
@@ -69,7 +72,19 @@ class KernelNode:
         return self._netns(cid)
 
     def remove_netns(self, path):
+        """Delete the namespace, and wait until the veths whose pod end it held are gone
+        from the node: the kernel destroys a namespace's devices in a work queue after
+        the last reference goes, so the host ends would otherwise vanish during the next
+        worker's slice, which the invariants would then blame (a shim's DEL, say).
+        There is no event for it to wait on; a bounded poll."""
+        inside = {(cid, ifname) for cid, ifname, where in self.devices() if where == path}
         ip('netns', 'delete', os.path.basename(path))
+        deadline = time.monotonic() + NETNS_GONE_TIMEOUT
+        while inside & set(binding.tagged_host_devices(self.host)):
+            assert time.monotonic() < deadline, (
+                'the host ends of %s outlived their namespace %s for %d s'
+                % (sorted(inside), path, NETNS_GONE_TIMEOUT))
+            time.sleep(0.02)
 
     def netns_exists(self, path):
         return netns.exists(path)
