@@ -780,8 +780,10 @@ class Protocol(RuleBasedStateMachine):
         try:
             self.wind_down()
         finally:
-            self.stop_daemon()
-            self.teardown_resources()
+            try:
+                self.stop_daemon()      # may fail too when a worker's slice failed
+            finally:
+                self.teardown_resources()   # or every failing example leaves its state dir
 
     def teardown_resources(self):
         self.watch.__exit__(None, None, None)
