@@ -39,31 +39,24 @@ def test_every_path_of_the_model_is_measured_here():
     assert sorted(paths.PATHS) == sorted(protocol.DURABLE_STEPS)
 
 
+def _run(path):
+    """Drive ``path`` on a fresh machine; returns the durable calls of its last worker."""
+    given, when = paths.PATHS[path]
+    machine = rp.Protocol()
+    try:
+        given(machine)
+        when(machine)
+        return paths.calls(machine, machine.last_worker)
+    finally:
+        machine.stop_daemon()
+        machine.teardown_resources()
+
+
 @pytest.mark.parametrize('path', sorted(paths.PATHS))
 def test_the_code_makes_the_models_durable_calls(path):
-    given, when = paths.PATHS[path]
-    machine = rp.Protocol()
-    try:
-        given(machine)
-        when(machine)
-        measured = paths.calls(machine, machine.last_worker)
-    finally:
-        machine.stop_daemon()
-        machine.teardown_resources()
-    assert measured == protocol.DURABLE_STEPS[path], (
+    assert _run(path) == protocol.DURABLE_STEPS[path], (
         'the code and the model differ on %s: add the crash point to the model '
         '(tests/model/protocol.py STEPS and its planner) or to the code' % path)
-
-
-def _run(path):
-    given, when = paths.PATHS[path]
-    machine = rp.Protocol()
-    try:
-        given(machine)
-        when(machine)
-    finally:
-        machine.stop_daemon()
-        machine.teardown_resources()
 
 
 def test_every_code_path_making_a_durable_call_is_crashed_at():

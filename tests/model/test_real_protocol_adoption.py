@@ -11,17 +11,21 @@ from tests.model import test_real_protocol_regressions as regressions
 
 POD0, POD1 = rp.PODS
 
+# pod-0's VIF (variant 2) names pod-1's port, and pod-1's kuryr-daemon sandbox holds it
+# unadopted when pod-0's ADD comes (admitted: no binding holds the port yet).
+BORROWED_PORT_ADMITTED = (('vifs', POD1, 0, True),
+                          ('vifs', POD0, 2, True),
+                          ('stop',),
+                          ('kuryr_daemon_sandbox', 'p1-s0'),
+                          ('restart',),
+                          ('add', 'p0-s0'))
+
 
 def test_an_add_leaves_a_port_of_its_iface_id_with_another_attached_mac():
     """pod-1's kuryr-daemon port carries port-1-0; pod-0's VIF (variant 2) names the same
     port with pod-0's MAC: not proven pod-0's, so pod-0's ADD must not evict it, nor its
     DEL adopt it. (Mutation: evict_foreign without ``if finding.proven`` removes it.)"""
-    regressions.replay(('vifs', POD1, 0, True),
-                       ('vifs', POD0, 2, True),
-                       ('stop',),
-                       ('kuryr_daemon_sandbox', 'p1-s0'),
-                       ('restart',),
-                       ('add', 'p0-s0'),
+    regressions.replay(*BORROWED_PORT_ADMITTED,
                        ('delete', 'p0-s0'))
 
 
@@ -61,12 +65,7 @@ def test_open_an_adoption_beside_a_borrowed_port_binds_one_port_to_two_pods():
     """pod-0's record names pod-1's port (variant 2); pod-0's ADD is admitted, as pod-1
     holds nothing yet; the scan then adopts pod-1's kuryr-daemon port: two pods of the
     node hold port-1-0."""
-    regressions.replay(('vifs', POD1, 0, True),
-                       ('vifs', POD0, 2, True),
-                       ('stop',),
-                       ('kuryr_daemon_sandbox', 'p1-s0'),
-                       ('restart',),
-                       ('add', 'p0-s0'),
+    regressions.replay(*BORROWED_PORT_ADMITTED,
                        ('housekeeping',))
 
 
