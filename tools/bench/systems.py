@@ -61,6 +61,21 @@ class Sandbox:
                          'K8S_POD_NAME=' + self.pod_name, 'K8S_POD_UID=' + self.pod_uid])
 
 
+def cpu_seconds(pids, reaped=False):
+    """``(user, system)`` CPU seconds of ``pids`` from ``/proc``; ``reaped``: with what
+    the children they waited for used (a process forked per request)."""
+    user = system = 0
+    for pid in pids:
+        try:
+            with open('/proc/%d/stat' % pid) as f:
+                fields = f.read().rpartition(')')[2].split()
+        except FileNotFoundError:
+            continue      # a process that ended meanwhile; it did no ADD or DEL
+        user += int(fields[11]) + (int(fields[13]) if reaped else 0)
+        system += int(fields[12]) + (int(fields[14]) if reaped else 0)
+    return user / CLOCK_TICKS, system / CLOCK_TICKS
+
+
 def bridge_vifs(index):
     """Pod ``index``'s bridge-kind VIF: 10.10.x.y/16 on the host's bridge (``{'eth0': vif}``).
 
@@ -272,16 +287,7 @@ class KuryrSystem(System):
 
     def service_cpu(self):
         """``(user, system)`` CPU seconds of the daemon's processes (threads included)."""
-        user = system = 0
-        for pid in self.host.processes():
-            try:
-                with open('/proc/%d/stat' % pid) as f:
-                    fields = f.read().rpartition(')')[2].split()
-            except FileNotFoundError:
-                continue      # a process that ended meanwhile; it did no ADD or DEL
-            user += int(fields[11])
-            system += int(fields[12])
-        return user / CLOCK_TICKS, system / CLOCK_TICKS
+        return cpu_seconds(self.host.processes())
 
     def gateway(self):
         return testhost.GATEWAY

@@ -146,16 +146,7 @@ class KuryrDaemonSystem(systems_mod.System):
         kuryr-daemon forks a process per request (``[cni_daemon] worker_num`` is
         the most at once): their CPU is counted in their parent once reaped.
         """
-        user = system = 0
-        for pid in self.session.processes():
-            try:
-                with open('/proc/%d/stat' % pid) as f:
-                    fields = f.read().rpartition(')')[2].split()
-            except FileNotFoundError:
-                continue
-            user += int(fields[11]) + int(fields[13])
-            system += int(fields[12]) + int(fields[14])
-        return user / systems_mod.CLOCK_TICKS, system / systems_mod.CLOCK_TICKS
+        return systems_mod.cpu_seconds(self.session.processes(), reaped=True)
 
     def gateway(self):
         return testhost.GATEWAY
