@@ -237,13 +237,18 @@ def test_security_groups_hold_both_ways(cluster, pods):
 def test_late_dels_of_an_abandoned_sandbox_leave_the_new_one_connected(cluster, pods):
     node, peer_node = (cluster.nodes[name] for name in NODES[:2])
     peer = pods.start(peer_node)
-    pod = pods.create(node)
+    # A: the runtime gives up after 1 s, before kuryr-controller made the subport; the
+    # controller is held meanwhile, since an idle one can make it within that second.
+    cluster.stack.hold('kuryr-controller')
+    try:
+        pod = pods.create(node)
+        abandoned = node.cni('add', pod, container_id='sandbox-a', shim_timeout=1)
+    finally:
+        cluster.stack.release('kuryr-controller')
+    assert abandoned['output'].get('code') == 11, abandoned
     ns_a = pod.netns
     ns_b = 'ns-' + uuid.uuid4().hex[:8]
     node.sh('ip netns add %s && ip -n %s link set lo up' % (ns_b, ns_b))
-    # A: the runtime gives up after 1 s, long before kuryr-controller made the subport.
-    abandoned = node.cni('add', pod, container_id='sandbox-a', shim_timeout=1)
-    assert abandoned['output'].get('code') == 11, abandoned
     # The daemon went on with A: its VLAN device, in A's namespace.
     vlan_id = pod.wait_for_vif()['vlan_id']
     wait.until(lambda: node.vlan_devices().get(vlan_id) == (ns_a, 'eth0'), 120,
