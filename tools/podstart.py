@@ -1,7 +1,7 @@
 """Pod start latency in ClusterLoader2's node-throughput shape, by hand.
 
     python -m tools.podstart node [--pods 100] [--rate 5] [--out FILE]     (root)
-    python -m tools.podstart gate [--pods 100] [--rate 5] [--out FILE]     (root)
+    python -m tools.podstart gate [--pods 100] [--rate 5] [--out FILE] [--kuryr-daemon]
 
 The shape: ``--pods`` pods on one node, offered at ``--rate`` pods a second,
 then again as one burst (all created at once). ``node``: the node tier's node
@@ -11,8 +11,11 @@ and Neutron) and once with the reference plugins (Debian's ``bridge`` +
 ``host-local``), alternating, in the same run (:mod:`tests.node.bench`
 switches the plugin). ``gate``: the gate topology (:mod:`tests.gate.conftest`:
 the real kube-apiserver, kuryr-controller, Neutron ML2/OVN and the node tier's
-node), kuryr-cni only, with each pod's steps (Neutron port created, KuryrPort
-written, plugged, ACTIVE, KuryrPort active) timed by polling them.
+node), with each pod's steps (Neutron port created, KuryrPort written,
+plugged, ACTIVE, KuryrPort active) timed by polling them; kuryr-cni only, or
+with ``--kuryr-daemon`` each shape run by kuryr-cni and by kuryr-daemon
+10.0.0 (``tools/openstack build-kuryr-daemon``), alternating, both behind the
+kuryr-controller of kuryr-daemon's build.
 
 Each pod's start is measured three ways, p50/p95/p99 of each printed as JSON:
 
@@ -35,6 +38,7 @@ Everything made (namespaces, processes, files, pods, ports) is removed on exit.
 
 import argparse
 import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
@@ -276,7 +280,8 @@ def gate_tier(args):
     from tests.node import bench
     from tests.node import kubenode
     from tests.openstack import stack as osstack
-    reason = kubenode.missing() or osstack.missing()
+    reason = kubenode.missing() or osstack.missing() or (
+        args.kuryr_daemon and upstream_missing())
     if reason:
         sys.exit('cannot run: %s' % reason)
     prefix = 'kc-pg%d' % os.getpid()
@@ -285,9 +290,13 @@ def gate_tier(args):
     try:
         stack = osstack.Stack(workdir, prefix + '-osp', kubenode.NODE_NAME)
         try:
+            if args.kuryr_daemon:
+                # Both daemons behind the kuryr-controller its release was deployed with.
+                stack.swap_controller('kuryr-daemon')
             cluster = gate.StackCluster(stack)
             stack.k8s('DELETE', '/api/v1/nodes/' + kubenode.NODE_NAME)
             node = kubenode.KubeNode(cluster, prefix, netns=stack.netns)
+            upstream = None
             try:
                 ovs_run = os.path.join(node.dir, 'mnt', 'run', 'openvswitch')
                 os.makedirs(ovs_run, exist_ok=True)
@@ -295,20 +304,28 @@ def gate_tier(args):
                            os.path.join(ovs_run, 'db.sock'))
                 node.start_daemon()
                 node.wait_ready_node()
+                if args.kuryr_daemon:
+                    upstream = KuryrDaemonOnNode(stack, node)
                 with kubenode.pods_deleted_after(cluster, node) as pods:
                     clock = bench.Clock(cluster, node)
                     try:
-                        for shape, rate in shapes(args):
-                            key = 'kuryr-cni %s' % shape
-                            loaded = load()
-                            observer = StepObserver(stack, pods, clock)
-                            results[key] = run_shape(pods, clock, shape, args.pods,
-                                                     rate, observer)
-                            results[key]['load'] = loaded
-                            print(key, json.dumps(results[key]), flush=True)
+                        for number, (shape, rate) in enumerate(shapes(args)):
+                            systems = ['kuryr-cni'] + (['kuryr-daemon'] if upstream else [])
+                            for system in systems[::1 if number % 2 == 0 else -1]:
+                                if upstream:
+                                    upstream.use(system == 'kuryr-daemon', pods)
+                                key = '%s %s' % (system, shape)
+                                loaded = load()
+                                observer = StepObserver(stack, pods, clock)
+                                results[key] = run_shape(pods, clock, shape, args.pods,
+                                                         rate, observer)
+                                results[key]['load'] = loaded
+                                print(key, json.dumps(results[key]), flush=True)
                     finally:
                         clock.close()
             finally:
+                if upstream:
+                    upstream.close()
                 node.close()
                 cluster.close()
         finally:
@@ -318,12 +335,87 @@ def gate_tier(args):
     return results
 
 
+def upstream_missing():
+    from tools.bench import upstream
+    return upstream.missing()
+
+
+class KuryrDaemonOnNode:
+    """kuryr-daemon 10.0.0 as the gate node's CNI, in place of kuryr-cni when in use: in
+    the node's namespaces (where the runtime's pod namespaces are), its ``kuryr-cni``
+    executable under a network file that sorts before the shipped one, so that
+    containerd picks it while it is there."""
+
+    CONFLIST = '05-kuryr-daemon.conflist'
+
+    def __init__(self, stack, node):
+        from tests.node import kubenode
+        from tools.bench import upstream
+        from tools.testbed import kuryr_daemon as testkuryr
+        self.node = node
+        self.daemon = testkuryr.KuryrDaemon(
+            upstream.build(), stack.netns, node.name, stack.env, stack.env['K8S_ADMIN_TOKEN'],
+            debug=False, launcher=[kubenode.TOOL, 'run', node.dir, '--unit', 'kuryr-daemon'])
+        self.calls = os.path.join(self.daemon.dir, 'calls')
+        self.conflist = os.path.join(node.dir, 'cni', 'net.d', self.CONFLIST)
+        executable = os.path.join(node.dir, 'cni', 'bin', 'kuryr-daemon-cni')
+        with open(executable, 'w') as f:
+            # Each call counted, for the probe that says containerd switched.
+            f.write('#!/bin/sh\necho "$CNI_COMMAND" >>%s\nexec %s\n'
+                    % (self.calls, os.path.join(self.daemon.venv, 'bin', 'kuryr-cni')))
+        os.chmod(executable, 0o755)
+        self.network = {'cniVersion': '0.3.1', 'name': 'kuryr', 'plugins': [
+            {'type': 'kuryr-daemon-cni', 'kuryr_conf': self.daemon.conf, 'debug': False}]}
+        self.in_use = False
+
+    def use(self, wanted, pods):
+        """Make kuryr-daemon (``wanted``) or kuryr-cni the node's CNI; until a pod shows it."""
+        if wanted == self.in_use:
+            return
+        if wanted:
+            self.node.stop_daemon()
+            self.daemon.start()
+            with open(self.conflist + '.tmp', 'w') as f:
+                json.dump(self.network, f)
+            os.rename(self.conflist + '.tmp', self.conflist)
+        else:
+            self.daemon.stop()
+            os.unlink(self.conflist)
+            self.node.start_daemon()
+        self.in_use = wanted
+        for attempt in range(10):
+            before = self._adds()
+            name = 'probe-%d' % attempt
+            pods.create(name)
+            pods.wait_running([name], timeout=START_TIMEOUT)
+            pods.delete(name)
+            pods.wait_gone([name], timeout=START_TIMEOUT)
+            if (self._adds() > before) == wanted:
+                return
+        raise AssertionError('containerd did not switch to %s'
+                             % ('kuryr-daemon' if wanted else 'kuryr-cni'))
+
+    def _adds(self):
+        try:
+            with open(self.calls) as f:
+                return f.read().split().count('ADD')
+        except FileNotFoundError:
+            return 0
+
+    def close(self):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.conflist)
+        self.daemon.close()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('tier', choices=('node', 'gate'))
     parser.add_argument('--pods', type=int, default=100)
     parser.add_argument('--rate', type=float, default=5.0, help='pods offered a second')
     parser.add_argument('--out')
+    parser.add_argument('--kuryr-daemon', action='store_true',
+                        help='gate: kuryr-daemon 10.0.0 too, each shape run by both')
     args = parser.parse_args(argv)
     started = time.monotonic()
     results = (node_tier if args.tier == 'node' else gate_tier)(args)

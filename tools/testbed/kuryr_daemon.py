@@ -46,8 +46,12 @@ def build_dir(cache, constraints):
 class KuryrDaemon:
     """kuryr-daemon for ``node`` in namespace ``netns_name``, files under a new directory."""
 
-    def __init__(self, build, netns_name, node, env, token_file, debug=True):
+    def __init__(self, build, netns_name, node, env, token_file, debug=True, launcher=None):
+        """``launcher``: the command that runs a process in namespace ``netns_name`` (default
+        ``ip netns exec``; a kubelet node's ``tools/node run`` adds its mount namespace,
+        where the runtime's pod namespaces are)."""
         self.venv = os.path.join(build, 'venv')
+        self.launcher = launcher or ['ip', 'netns', 'exec', netns_name]
         self.netns = netns_name
         self.path = '/run/netns/' + netns_name
         self.node = node
@@ -110,7 +114,7 @@ ovsdb_connection = unix:{self.dir}/scratch-ovs/db.sock
         self._watching_before = self.count(WATCHING)
         with open(os.path.join(self.dir, 'stdout.log'), 'ab') as out:
             self.process = subprocess.Popen(
-                ['ip', 'netns', 'exec', self.netns, os.path.join(self.venv, 'bin', 'kuryr-daemon'),
+                [*self.launcher, os.path.join(self.venv, 'bin', 'kuryr-daemon'),
                  '--config-file', self.conf], env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True)
         _until(self._serving, START_TIMEOUT, 'kuryr-daemon to serve on port %d' % PORT, 0.2)
