@@ -111,8 +111,9 @@ def offer(pods, names, rate):
     return sent
 
 
-def run_shape(pods, clock, prefix, count, rate, observer=None):
-    """One shape: the figures of its pods' starts (see the module's)."""
+def run_shape(pods, clock, prefix, count, rate, observer=None, report=None):
+    """One shape: the figures of its pods' starts (see the module's), given to ``report``
+    before the pods are deleted (a slow delete then loses no figure)."""
     names = ['%s-%d' % (prefix, i) for i in range(count)]
     if observer:
         observer.start()
@@ -127,10 +128,23 @@ def run_shape(pods, clock, prefix, count, rate, observer=None):
                'started': summary(list(map(started_latency, read)))}
     if observer:
         figures['steps'] = observer.stop()
+    if report:
+        report(figures)
     for name in names:
         pods.delete(name)
     pods.wait_gone(names, timeout=START_TIMEOUT + 3 * count)
     return figures
+
+
+def reporter(results, system, shape):
+    """What takes a shape's figures: into ``results``, with the load at its start, and out."""
+    key = '%s %s' % (system, shape)
+    loaded = load()
+
+    def report(figures):
+        results[key] = dict(figures, load=loaded)
+        print(key, json.dumps(results[key]), flush=True)
+    return report
 
 
 def shapes(args):
@@ -172,12 +186,8 @@ def node_tier(args):
                                 bench.use(node, plugin)
                                 bench.probe(pods, node, plugin)
                                 bench.settle(SETTLE_TIMEOUT)
-                                key = '%s %s' % (plugin, shape)
-                                loaded = load()
-                                results[key] = run_shape(pods, clock, shape, args.pods,
-                                                         rate)
-                                results[key]['load'] = loaded
-                                print(key, json.dumps(results[key]), flush=True)
+                                run_shape(pods, clock, shape, args.pods, rate,
+                                          report=reporter(results, plugin, shape))
                             finally:
                                 if playing is not None:
                                     playing.close()
@@ -314,13 +324,13 @@ def gate_tier(args):
                             for system in systems[::1 if number % 2 == 0 else -1]:
                                 if upstream:
                                     upstream.use(system == 'kuryr-daemon', pods)
-                                key = '%s %s' % (system, shape)
-                                loaded = load()
-                                observer = StepObserver(stack, pods, clock)
-                                results[key] = run_shape(pods, clock, shape, args.pods,
-                                                         rate, observer)
-                                results[key]['load'] = loaded
-                                print(key, json.dumps(results[key]), flush=True)
+                                run_shape(pods, clock, shape, args.pods, rate,
+                                          StepObserver(stack, pods, clock),
+                                          reporter(results, system, shape))
+                    except BaseException:
+                        if upstream and upstream.in_use:
+                            print(upstream.daemon.log_tail(80), file=sys.stderr)
+                        raise
                     finally:
                         clock.close()
             finally:
