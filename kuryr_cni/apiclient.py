@@ -26,12 +26,6 @@ LOG = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 500             # of an API error's message, in the logs
 
-# The client resolves its API classes on first use, and CoreV1Api's first use
-# builds the models of the whole core API: ~0.35 s of CPU. Resolved at import,
-# the daemon's parent pays it once; otherwise every worker it forks paid it in
-# its first ADD's Event, and a node's first burst of pods waited for four.
-API_CLASSES = (client.CoreV1Api, client.CustomObjectsApi)
-
 
 def from_options(k8s):
     """:func:`make_api_client` from the ``[kubernetes]`` option group ``k8s``.

@@ -16,20 +16,22 @@ under KuryrPorts, the ``kuryr.openstack.org/vifs`` annotation otherwise.
 
 Best effort and bounded: posting only queues (a full queue drops the event
 and logs it), and one background thread per process posts them (``POST
-/api/v1/namespaces/<ns>/events`` through the official client) with a request
-timeout. A failed post is logged and forgotten; nothing here ever raises into
-the request path or waits for the API server there.
+/api/v1/namespaces/<ns>/events`` through the official client's REST layer,
+:mod:`kuryr_cni.apirequest`) with a request timeout. A failed post is
+logged and forgotten; nothing here ever raises into the request path or
+waits for the API server there.
 """
 
 import datetime
 import queue
 import threading
 import time
+import urllib.parse
 
-from kubernetes import client
 from oslo_log import log as logging
 
 from kuryr_cni import apiclient
+from kuryr_cni import apirequest
 from kuryr_cni import vif as vif_model
 
 LOG = apiclient.redacting(logging.getLogger(__name__))
@@ -134,10 +136,12 @@ class EventPoster:
             body = self._queue.get()
             try:
                 if api is None:
-                    api = client.CoreV1Api(self.make_client())
-                response = api.create_namespaced_event(
-                    body['metadata']['namespace'], body, _preload_content=False,
-                    _request_timeout=self.request_timeout)
+                    api = self.make_client()
+                response = apirequest.send(
+                    api, 'POST', '/api/v1/namespaces/%s/events'
+                    % urllib.parse.quote(body['metadata']['namespace'], safe=''),
+                    body=body, headers={'Accept': 'application/json'},
+                    timeout=self.request_timeout)
                 # Read the answer off the connection before it goes back to the pool:
                 # the next request on it would read this body as its status line.
                 response.drain_conn()

@@ -163,8 +163,9 @@ class ListWatch:
     """Feeds ``sink`` from a list+watch of the objects ``source`` selects.
 
     ``source`` has ``what`` (the watched objects, in words, for the logs),
-    ``request(**kwargs)`` (the list call of the official client, a watch with
-    ``watch=True``), ``record(obj, too_large)`` (the record to keep of an
+    ``request(query, timeout)`` (a list, or a watch with ``watch`` in the
+    API's ``query``, sent by :func:`kuryr_cni.apirequest.send` with urllib3's
+    ``timeout``: the raw response), ``record(obj, too_large)`` (the record to keep of an
     object, None when it is not this node's; ``too_large`` says why only its
     identity was read, else None) and optionally ``keep`` (the paths, besides
     :data:`IDENTITY`, that ``record`` reads of an object too large to read).
@@ -272,8 +273,8 @@ class ListWatch:
     # Steps -----------------------------------------------------------------------
 
     def _relist(self):
-        response = self._call(resource_version=self._list_rv or None,
-                              _request_timeout=self.request_timeout)
+        query = {'resourceVersion': self._list_rv} if self._list_rv else {}
+        response = self._call(query, self.request_timeout)
         records = {}
         self._skips = 0
         late = Overrun('list_time', 'the list of %s took longer than %d s'
@@ -309,9 +310,9 @@ class ListWatch:
 
     def _watch(self):
         read_timeout = self.watch_timeout + self.request_timeout[1]
-        response = self._call(watch=True, resource_version=self._rv, allow_watch_bookmarks=True,
-                              timeout_seconds=self.watch_timeout,
-                              _request_timeout=(self.request_timeout[0], read_timeout))
+        response = self._call({'watch': True, 'resourceVersion': self._rv,
+                               'allowWatchBookmarks': True, 'timeoutSeconds': self.watch_timeout},
+                              (self.request_timeout[0], read_timeout))
         self._note_answered()
         self._skips = 0
         # kube-apiserver ends a watch at its timeoutSeconds; one still streaming
@@ -453,10 +454,10 @@ class ListWatch:
         if self.on_limit is not None:
             self.on_limit(None, None)
 
-    def _call(self, **kwargs):
+    def _call(self, query, timeout):
         """Issue the source's request; return the raw response."""
         try:
-            return self.source.request(_preload_content=False, **kwargs)
+            return self.source.request(query, timeout)
         except client.ApiException as exc:
             if exc.status == 410 or _too_large(apiclient.error_status(exc)):
                 raise _Expired(apiclient.describe_error(exc)) from None

@@ -10,9 +10,7 @@ Sources read and validate; they neither request nor decide anything else.
   merged with the pods' presence.
 """
 
-import functools
-
-from kubernetes import client
+from kuryr_cni import apirequest
 
 
 def error_text(exc):
@@ -47,15 +45,15 @@ class NodePods:
     def __init__(self, api_client, node_name):
         self.node_name = node_name
         self.what = 'pods of node %s' % node_name
-        self._list = functools.partial(
-            client.CoreV1Api(api_client).list_pod_for_all_namespaces,
-            field_selector='spec.nodeName=%s,%s' % (node_name, NOT_TERMINATED))
+        self._api = api_client
+        self._selector = 'spec.nodeName=%s,%s' % (node_name, NOT_TERMINATED)
 
-    def request(self, watch=None, **kwargs):
+    def request(self, query, timeout):
         # The JSON of the whole pod last: what kube-apiserver falls back to if it must.
-        accept = METADATA_WATCH if watch else METADATA_LIST
-        return self._list(watch=watch, _headers={'Accept': accept + ',application/json'},
-                          **kwargs)
+        accept = METADATA_WATCH if query.get('watch') else METADATA_LIST
+        return apirequest.send(self._api, 'GET', '/api/v1/pods',
+                               dict(query, fieldSelector=self._selector),
+                               {'Accept': accept + ',application/json'}, timeout=timeout)
 
     def record(self, pod, too_large=None):
         """The record of ``pod``; ``too_large`` (why) when only its identity was read."""

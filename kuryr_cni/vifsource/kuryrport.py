@@ -15,12 +15,10 @@ keeps, the same records the annotation source makes. No decision about
 attachments is taken here.
 """
 
-import functools
 import threading
 import time
 
-from kubernetes import client
-
+from kuryr_cni import apirequest
 from kuryr_cni import errors
 from kuryr_cni import osvif
 from kuryr_cni import vifsource
@@ -53,10 +51,13 @@ class KuryrPorts:
     def __init__(self, api_client, node_name):
         self.node_name = node_name
         self.what = 'KuryrPorts of node %s' % node_name
-        self.request = functools.partial(
-            client.CustomObjectsApi(api_client).list_cluster_custom_object,
-            group=GROUP, version=VERSION, plural=PLURAL,
-            label_selector='%s=%s' % (NODE_LABEL, node_name))
+        self._api = api_client
+        self._selector = '%s=%s' % (NODE_LABEL, node_name)
+
+    def request(self, query, timeout):
+        return apirequest.send(self._api, 'GET', '/apis/%s/%s/%s' % (GROUP, VERSION, PLURAL),
+                               dict(query, labelSelector=self._selector),
+                               {'Accept': 'application/json'}, timeout=timeout)
 
     def record(self, port, too_large=None):
         labels = port['metadata'].get('labels')
