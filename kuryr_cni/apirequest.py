@@ -11,17 +11,9 @@ So the URL is built here, and the request is sent by the
 timeouts, with the headers and credentials its configuration holds.
 """
 
-import inspect
 import urllib.parse
 
 from kubernetes.client import exceptions
-from kubernetes.client import rest
-
-# kubernetes 29-36 (python-legacy generator): request() takes _preload_content,
-# returns urllib3's response and raises ApiException for an answer that is not
-# 2xx; 37 and later (OpenAPI Generator 7): it returns a RESTResponse around
-# urllib3's response, unread, and raises nothing.
-_LEGACY = '_preload_content' in inspect.signature(rest.RESTClientObject.request).parameters
 
 
 def send(api, method, path, query=None, headers=None, body=None, timeout=None):
@@ -48,9 +40,8 @@ def send(api, method, path, query=None, headers=None, body=None, timeout=None):
     for auth in configuration.auth_settings().values():
         if auth['in'] == 'header' and auth['value']:
             sent[auth['key']] = auth['value']
-    if _LEGACY:
-        return api.rest_client.request(method, url, headers=sent, body=body,
-                                       _preload_content=False, _request_timeout=timeout)
+    # kubernetes 37 (setup.cfg's minimum): a RESTResponse around urllib3's response,
+    # unread, whatever its status.
     response = api.rest_client.request(method, url, headers=sent, body=body,
                                        _request_timeout=timeout).response
     if not 200 <= response.status <= 299:
