@@ -4,7 +4,7 @@ A node switched from kuryr-daemon keeps its running pods, plugged with
 kuryr-daemon's devices (:mod:`kuryr_cni.binding.foreign`), which no binding
 records. They are adopted into bindings, so the rules of DESIGN §3 hold for
 them as for our own: the owner's DEL removes everything, a stale DEL nothing,
-a new sandbox evicts them. Three moments, each under the pod's lock:
+a new sandbox evicts them. Four moments, each under the lock of the pod served:
 
 * **the DEL of a sandbox of a pod without binding** (:meth:`Adopter.adopt_for_delete`):
   devices proven the pod's VIF whose pod end lives in the DEL's ``CNI_NETNS``
@@ -16,6 +16,10 @@ a new sandbox evicts them. Three moments, each under the pod's lock:
 * **the ADD of a new sandbox** (:meth:`Adopter.evict_foreign`): proven OVS
   devices of the pod's VIFs go before it plugs, so no ``iface-id`` is ever on
   two ports, as our own older sandboxes are evicted.
+* **the ADD of another pod** (:meth:`Adopter.held_elsewhere`): a port whose
+  proven kuryr-daemon devices are another pod's current VIF is that pod's, so
+  an ADD whose VIF names it (a hostile or mistaken annotation) is refused by
+  the address fence as if that pod's binding held it.
 * **start-up, once the watcher has the pods' VIFs** (:meth:`Adopter.scan`, run
   once by housekeeping): every pod of the node without binding is looked for
   in every namespace; proven devices whose namespace's sandbox is identified
@@ -25,12 +29,19 @@ a new sandbox evicts them. Three moments, each under the pod's lock:
   record. One not identified is left to the DEL path above.
 
 Nothing is adopted on a VIF's word: a device is taken only with the proofs
-of :mod:`kuryr_cni.binding.foreign`. Every finding is counted
-(``kuryr_cni_adoptions_total{result, reason}``), logged, and listed for
-``kuryr-cni-ctl adoptions``.
+of :mod:`kuryr_cni.binding.foreign`. Nor beside another pod: an adoption
+records its VIFs' port, MAC and IPs only once the address fence
+(:meth:`kuryr_cni.registry.BindingTable.reserve_addresses`) says no other pod
+of the node holds one of them. Refused, the scan leaves the devices alone
+(``address_taken``); the DEL of their own sandbox removes them unrecorded, as
+an orphan's: its runtime says they are that sandbox's and it is going.
+
+Every finding is counted (``kuryr_cni_adoptions_total{result, reason}``),
+logged, and listed for ``kuryr-cni-ctl adoptions``.
 """
 
 import time
+import uuid
 
 from oslo_log import log as logging
 
@@ -44,7 +55,9 @@ from kuryr_cni.binding import foreign
 LOG = logging.getLogger(__name__)
 
 ADOPTED, LEFT, REMOVED = 'adopted', 'left', 'removed'
+ADDRESS_TAKEN = 'address_taken'     # another pod of the node holds the VIF's port, MAC or IP
 SCAN_LOCK_TIMEOUT = 5       # seconds to wait for one pod's lock during the start-up scan
+RESERVATION = 30            # seconds an adoption's addresses stay reserved if its worker dies
 # Seconds a worker trusts its list of the iface-ids on OVS rows we did not tag. While
 # this daemon runs no other CNI daemon plugs, so the list only shrinks: once empty it
 # stays empty, and an ADD pays no OVSDB look-up for kuryr-daemon's devices any more.
@@ -83,8 +96,16 @@ class Adopter:
                                req.container_id, finding)
         if not adopted:
             return None
-        return self._adopt(req.pod.key, req.pod.uid, req.container_id, req.netns,
-                           req.network, adopted, save)
+        binding = self._adopt(req.pod.key, req.pod.uid, req.container_id, req.netns,
+                              req.network, adopted, save)
+        if binding is None:
+            # Another pod of the node holds the port (its VIF names it too): no
+            # record of ours may, yet this very sandbox is going, so its proven
+            # devices go, unrecorded like an orphan's (a retried DEL proves them again).
+            for _, finding in adopted:
+                self.kernel.discard_foreign(finding)
+                self._note(REMOVED, ADDRESS_TAKEN, req.pod.key, req.container_id, finding)
+        return binding
 
     # The ADD of a new sandbox ------------------------------------------------------
 
@@ -103,6 +124,30 @@ class Adopter:
                     self._note(REMOVED, 'evicted', req.pod.key, req.container_id, finding)
                 else:
                     self._note(LEFT, finding.reason, req.pod.key, req.container_id, finding)
+
+    def held_elsewhere(self, pod_key, vifs):
+        """``{'port <id>': pod}`` for each OVS port of ``vifs`` on which kuryr-daemon's
+        devices are proven the current VIF of another pod of the node.
+
+        The address fence of an ADD (:meth:`kuryr_cni.ownership.Ownership._admit`)
+        counts them as that pod's: kuryr-daemon plugged them for it, and a second
+        port of the same ``iface-id`` would let OVN bind either. The port named by
+        ``pod_key``'s VIF with another MAC is no proof of its own (a hostile or
+        mistaken annotation), so the pod whose VIF the devices prove keeps it.
+        """
+        ports = {vif.port_id for vif in vifs.values()
+                 if vif.kind in ('ovs', 'ovs-hybrid') and self._may_be_foreign(vif)}
+        if not ports:
+            return {}       # the usual case: no look-up beyond the cached iface-ids
+        held = {}
+        for key, record in sorted(self.registry.pods.snapshot().items()):
+            if key == pod_key:
+                continue
+            for vif in (_vifs(record) or {}).values():
+                if vif.port_id in ports and any(
+                        finding.proven for finding in self.kernel.find_foreign(vif)):
+                    held.setdefault('port ' + vif.port_id, key)
+        return held
 
     def _may_be_foreign(self, vif):
         """Whether kuryr-daemon's devices of ``vif`` may exist: always for nested kinds
@@ -179,8 +224,12 @@ class Adopter:
                     continue
                 by_sandbox.setdefault((cid, finding.netns), []).append((interface, finding))
         for (cid, path), adopted in by_sandbox.items():
-            self._adopt(key, uid, cid, path, NETWORK, adopted, ownership._save)
-            counts[0] += len(adopted)
+            if self._adopt(key, uid, cid, path, NETWORK, adopted, ownership._save) is None:
+                for _, finding in adopted:
+                    self._note(LEFT, ADDRESS_TAKEN, key, cid, finding)
+                counts[1] += len(adopted)
+            else:
+                counts[0] += len(adopted)
 
     def _host_paths(self):
         return [path for path in ('/proc/self/ns/net', self.kernel.host_netns) if path]
@@ -188,7 +237,26 @@ class Adopter:
     # Shared ---------------------------------------------------------------------
 
     def _adopt(self, pod_key, uid, cid, netns, network, adopted, save):
-        """Record, then tag, ``adopted`` [(interface, finding)] as ``cid``'s attachment."""
+        """Record, then tag, ``adopted`` [(interface, finding)] as ``cid``'s attachment;
+        returns the binding, or None when another pod of the node holds one of their
+        addresses (nothing changed then)."""
+        addresses = {a for interface, _ in adopted
+                     for a in records.vif_addresses(interface.vif)}
+        # The fence's reservation, as an ADD's: no other pod's ADD may take these
+        # addresses between this check and the record, which holds them from then on.
+        token = 'adoption-' + uuid.uuid4().hex
+        taken = self.registry.bindings.reserve_addresses(
+            cid, pod_key, addresses, time.monotonic() + RESERVATION, token)
+        if taken:
+            LOG.warning('Pod %s: not adopting sandbox %s from kuryr-daemon: %s', pod_key, cid,
+                        ', '.join('%s is bound to pod %s' % item for item in sorted(taken.items())))
+            return None
+        try:
+            return self._record_and_tag(pod_key, uid, cid, netns, network, adopted, save)
+        finally:
+            self.registry.bindings.add_finished(token)
+
+    def _record_and_tag(self, pod_key, uid, cid, netns, network, adopted, save):
         interfaces = []
         for interface, finding in adopted:
             interfaces.append(records.Interface(

@@ -110,4 +110,5 @@ class VIFNotAllowed(InvalidVIF):
 
 
 class AddressTaken(VIFNotAllowed):
-    """A VIF's IP or MAC is bound to another live pod of the node."""
+    """A VIF's port, MAC or IP is bound to another live pod of the node (or, for a port,
+    held by kuryr-daemon's devices proven another pod's VIF)."""

@@ -47,6 +47,7 @@ from kuryr_cni.cni import result as cni_result
 LOG = logging.getLogger(__name__)
 
 PRIMARY_IFNAME = 'eth0'     # the annotation's key for the interface named by CNI_IFNAME
+DEFERRED = 'deferred'       # a DEL's outcome when it waits for the pod's VIFs (see delete)
 
 
 class Ownership:
@@ -130,8 +131,9 @@ class Ownership:
 
     def _admit(self, req, vifs, deadline, token):
         """Refuse VIFs the node's binding policy forbids, an ADD overtaken by a newer
-        sandbox's, and VIFs whose MAC or IP another pod of the node holds; else
-        reserve those addresses for this ADD.
+        sandbox's, and VIFs whose port, MAC or IP another pod of the node holds (by
+        its binding, its ADD in flight, or kuryr-daemon's devices proven its VIF);
+        else reserve those addresses for this ADD.
 
         Asked before the claim, so a refused ADD changes nothing (DESIGN §4.3).
         Claims follow the order ADDs arrived in, not the order they get the
@@ -157,6 +159,10 @@ class Ownership:
             raise errors.TryAgainLater('sandbox %s of pod %s was superseded by sandbox %s, '
                                        'whose ADD came later' % (req.container_id, req.pod.key,
                                                                  newest))
+        if not taken and self.adopter is not None:
+            # kuryr-daemon's devices proven another pod's VIF hold their port as that
+            # pod's binding would (the adoption's own fence covers the other order).
+            taken = self.adopter.held_elsewhere(req.pod.key, vifs)
         if taken:
             # The error reaches the pod's Events: it names no other pod.
             LOG.warning('Pod %s: %s', req.pod.key, ', '.join(
@@ -407,8 +413,14 @@ class Ownership:
 
     # DEL ------------------------------------------------------------------
 
-    def delete(self, req, deadline):
-        """Apply DEL; returns the outcome counted: success, noop or stale."""
+    def delete(self, req, deadline, vifs_known=True):
+        """Apply DEL; returns the outcome counted: success, noop or stale.
+
+        ``vifs_known=False`` (a queued DEL replayed before the watcher synced):
+        a DEL of a sandbox of a pod without binding, which only the pod's VIFs
+        can prove kuryr-daemon's devices of, changes nothing and returns
+        :data:`DEFERRED`, to be applied once they are known.
+        """
         if req.netns and self.kernel.netns_exists(req.netns):   # it may be gone already
             self.kernel.check_netns(req.netns)
         # From here on no ADD of the sandbox in flight may claim the pod; one that
@@ -423,6 +435,9 @@ class Ownership:
         with self.locks.hold(pod_key, deadline) as remove_lock:
             binding = self.store.load(pod_key)
             if binding is None and self.adopter is not None and req.pod is not None:
+                if not vifs_known:
+                    remove_lock()
+                    return DEFERRED
                 # Devices kuryr-daemon made for this very sandbox: adopted (recorded
                 # first), then removed below as the owner's.
                 binding = self.adopter.adopt_for_delete(req, self._save)

@@ -24,7 +24,9 @@ whose namespace vanished while another CNI daemon had the node
 (:func:`kuryr_cni.daemon.recovery.delete_vanished`). Once, as soon as the
 watcher has synced (the pods' VIFs are known), it also runs the start-up
 adoption of what kuryr-daemon plugged
-(:meth:`kuryr_cni.adoption.Adopter.scan`), retried next round if it fails.
+(:meth:`kuryr_cni.adoption.Adopter.scan`), retried next round if it fails;
+the replay of that round has applied the queued DELs that waited for the
+pods' VIFs (:data:`kuryr_cni.ownership.DEFERRED`).
 
 Every ``interval`` seconds the thread does all four, with the normal ownership
 rules and pod locks, so it is idempotent and safe next to live requests. Only
@@ -91,8 +93,11 @@ class Housekeeper:
         self.ownership.store.remove_temporaries(while_running=True)
         self.ownership.locks.remove_unused(self.ownership.store.has_stem)
         self.queue.remove_temporaries()
+        # One reading for the replay and the scan: a DEL the replay deferred for want
+        # of the pods' VIFs is applied before the scan could adopt its sandbox.
+        synced = self.ownership.registry.is_synced()
         replayed = recovery.replay_queue(self.ownership, self.queue, stop=self._stop,
-                                         retries=self.retries)
+                                         retries=self.retries, vifs_known=synced)
         if replayed:
             LOG.info('Replayed %d DELs the shim had queued', replayed)
         if not self._vanished_done:
@@ -105,7 +110,7 @@ class Housekeeper:
                 raise
             except Exception:
                 LOG.exception('Applying the DELs of sandboxes whose namespace is gone failed')
-        if not self._scanned and self.ownership.registry.is_synced():
+        if not self._scanned and synced:
             # After the replay: a queued DEL of a sandbox is applied before its
             # devices could be adopted by the scan.
             self.ownership.adopter.scan(self.ownership)

@@ -13,7 +13,12 @@
    dir), not that its sandbox is dead: its pod may well be running. The DEL of
    that sandbox removes it, by its tag.
 4. Replay the DELs the shim queued while the daemon was down, with the normal
-   ownership rules; an entry that is not a DEL is set aside, never fatal.
+   ownership rules; an entry that is not a DEL is set aside, never fatal. The
+   watcher has not listed the pods yet, so a DEL of a sandbox of a pod without
+   binding waits in the queue (:data:`kuryr_cni.ownership.DEFERRED`): only
+   the pod's VIFs prove what kuryr-daemon plugged for it, which its DEL must
+   remove (:meth:`kuryr_cni.adoption.Adopter.adopt_for_delete`). Housekeeping
+   applies it once the watcher has synced, before the adoption scan.
 5. Once, from housekeeping after that replay (:func:`delete_vanished`): apply
    the DEL of each recorded sandbox whose network namespace file is gone from
    a directory that is still there. A runtime removes a sandbox's namespace
@@ -35,7 +40,8 @@ the queue, retried with back-off (:class:`Retries`), counted
 (``kuryr_cni_queued_del_failures_total``) and shown (``/ready``'s
 ``queued_dels_failing``, ``kuryr-cni-ctl queued-dels``). Only an entry that is
 not a DEL at all is set aside at once; one that kept failing for
-:data:`RETRY_AGE_LIMIT` is set aside too, loudly.
+:data:`RETRY_AGE_LIMIT` is set aside too, loudly, and so is one deferred that
+long (a watcher that never synced).
 """
 
 import dataclasses
@@ -46,6 +52,7 @@ from oslo_log import log as logging
 
 from kuryr_cni import errors
 from kuryr_cni import metrics
+from kuryr_cni import ownership as rules
 from kuryr_cni.cni import request as cni_request
 
 LOG = logging.getLogger(__name__)
@@ -122,6 +129,7 @@ class Retries:
     def __init__(self, first=RETRY_FIRST, cap=RETRY_CAP, age_limit=RETRY_AGE_LIMIT):
         self.first, self.cap, self.age_limit = first, cap, age_limit
         self._failing = {}      # entry name -> _Failing
+        self._deferred = {}     # entry name -> time.monotonic() it was first deferred
         self._published = None
 
     def due(self, name):
@@ -144,13 +152,24 @@ class Retries:
     def expired(self, failing):
         return time.monotonic() - failing.first >= self.age_limit
 
+    def deferred(self, name):
+        """Note a DEL deferred until the watcher syncs (due again next round, no
+        back-off: it waits for no failure to pass); returns ``(first time, waited
+        age_limit)``."""
+        first = name not in self._deferred
+        since = self._deferred.setdefault(name, time.monotonic())
+        return first, time.monotonic() - since >= self.age_limit
+
     def forget(self, name):
         self._failing.pop(name, None)
+        self._deferred.pop(name, None)
 
     def publish(self, status, present):
         """Tell the registry which entries fail (forgetting those gone from ``present``)."""
         for name in set(self._failing) - set(present):
             del self._failing[name]
+        for name in set(self._deferred) - set(present):
+            del self._deferred[name]
         now, wall = time.monotonic(), time.time()
         listed = [{'entry': name, 'pod': f.pod, 'container_id': f.container_id,
                    'ifname': f.ifname, 'failing_since': f.since, 'attempts': f.attempts,
@@ -163,7 +182,7 @@ class Retries:
             self._published = view
 
 
-def replay_queue(ownership, queue, stop=None, retries=None):
+def replay_queue(ownership, queue, stop=None, retries=None, vifs_known=None):
     """Replay every complete queued DEL that is due, oldest first; returns how many were done.
 
     An entry is removed only once its DEL has been applied, so a replay cut
@@ -171,9 +190,14 @@ def replay_queue(ownership, queue, stop=None, retries=None):
     A DEL that failed, for whatever reason, is kept and tried again when
     ``retries`` (a :class:`Retries`; None: one of its own) says; only an entry
     that is not a DEL, and one failing for ``retries.age_limit``, are set
-    aside. ``stop`` (an Event) ends the replay between two entries.
+    aside. ``stop`` (an Event) ends the replay between two entries. Until the
+    watcher has synced (``vifs_known``; None: asked here), a DEL that needs the
+    pod's VIFs is deferred (:data:`kuryr_cni.ownership.DEFERRED`): kept, due
+    again next time.
     """
     retries = retries if retries is not None else Retries()
+    if vifs_known is None:
+        vifs_known = ownership.registry.is_synced()
     replayed = 0
     for path, body in queue.entries(due=retries.due):
         if stop is not None and stop.is_set():
@@ -186,11 +210,15 @@ def replay_queue(ownership, queue, stop=None, retries=None):
             retries.forget(name)
             continue
         try:
-            outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT)
+            outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT,
+                                       vifs_known=vifs_known)
         except (ConnectionError, EOFError):
             raise           # the registry is gone: nothing more can be replayed
         except Exception as exc:    # never fatal, never dropped: the runtime was told success
             _failed(queue, path, req, exc, retries)
+            continue
+        if outcome == rules.DEFERRED:
+            _deferred(queue, path, req, retries)
             continue
         LOG.info('Replayed queued DEL %s for %s: %s', path, req.container_id, outcome)
         metrics.del_replayed()
@@ -228,6 +256,21 @@ def delete_vanished(ownership):
     return done
 
 
+def _deferred(queue, path, req, retries):
+    first, expired = retries.deferred(os.path.basename(path))
+    if expired:
+        LOG.error('Giving up on the queued DEL %s of sandbox %s: the watcher has not listed '
+                  'the pods for %d s, so what kuryr-daemon plugged for it cannot be proven. '
+                  'Move it back into the queue to replay it', path, req.container_id,
+                  retries.age_limit)
+        _give_up(queue, path, 'the watcher never synced for %d s' % retries.age_limit,
+                 retries)
+    elif first:
+        LOG.info('Queued DEL %s of sandbox %s (pod %s) waits for the watcher to list the '
+                 'pods: the pod has no binding, and only its VIFs prove what kuryr-daemon '
+                 'plugged for it', path, req.container_id, req.pod.key)
+
+
 def _failed(queue, path, req, exc, retries):
     failing = retries.failed(os.path.basename(path), req, exc)
     metrics.queued_del_failed()
@@ -237,13 +280,18 @@ def _failed(queue, path, req, exc, retries):
         LOG.error('Giving up on the %s: it has failed %d times since %s, lastly with: %s. '
                   'Its devices and record stay; move it back into the queue to replay it',
                   what, failing.attempts, time.ctime(failing.since), failing.error)
-        queue.set_aside(path, 'its DEL failed for %d s: %s'
-                        % (retries.age_limit, failing.error))
-        retries.forget(os.path.basename(path))
+        _give_up(queue, path, 'its DEL failed for %d s: %s'
+                 % (retries.age_limit, failing.error), retries)
         return
     LOG.warning('The %s failed (attempt %d), keeping it and trying again in %.0f s: %s',
                 what, failing.attempts, failing.next_try - time.monotonic(), failing.error,
                 exc_info=not isinstance(exc, errors.CNIError))
+
+
+def _give_up(queue, path, why, retries):
+    """Set aside a queued DEL retried for ``retries.age_limit``: the operator's now."""
+    queue.set_aside(path, why)
+    retries.forget(os.path.basename(path))
 
 
 def _describe(error):

@@ -26,6 +26,7 @@ from tools.testbed import runtime as testruntime
 
 from tests import wait
 from tests.functional import conftest
+from tests.functional import crash
 from tests.functional import helpers
 from tests.functional import kuryr_daemon_plug
 
@@ -111,9 +112,9 @@ class World:
     def iface_id_ports(self):
         if self.ovs is None:
             return []
-        return sorted(port for port in self.ovs.ports('br-int')
-                      if dict(self.ovs.interface(port)['external_ids'][1]).get('iface-id')
-                      == PORT_ID)
+        rows = {port: self.ovs.interface(port) for port in self.ovs.ports('br-int')}
+        return sorted(port for port, row in rows.items()    # None: removed meanwhile
+                      if row and dict(row['external_ids'][1]).get('iface-id') == PORT_ID)
 
     def pod_end(self, sandbox):
         return self.node.links(sandbox.netns).get('eth0') if os.path.exists(sandbox.netns) \
@@ -228,6 +229,62 @@ def test_new_sandbox_evicts_what_kuryr_daemon_plugged_ovs(ovs_world, runtime):
     assert world.pings(b)
     assert runtime.delete(b).ok
     assert world.kuryr_daemons() == {} and world.iface_id_ports() == []
+    assert helpers.leftovers(node) == helpers.NOTHING
+
+
+def test_a_queued_del_of_a_sandbox_kuryr_daemon_plugged_is_applied_once_pods_are_listed(
+        ovs_world, runtime):
+    """The shim queues the DEL while kuryr-cni is down. Replayed before the watcher's
+    list, it has no VIF to prove kuryr-daemon's port with: it waits in the queue, and
+    housekeeping applies it once the pods are listed. (The code before: replayed as a
+    no-op and dropped, the port stayed on br-int.)"""
+    world = ovs_world
+    node = world.node
+    world.create_pod()
+    a = world.sandbox('a')
+    world.plant(a)
+    assert runtime.delete(a).ok             # no daemon: the shim queues it
+    assert len(crash.queue_entries(node)) == 1
+    world.start()
+
+    wait.until(lambda: crash.queue_entries(node) == [], 30, 'the queued DEL to be applied')
+    assert world.kuryr_daemons() == {}, "kuryr-daemon's devices of the deleted sandbox remain"
+    assert world.pod_end(a) is None
+    assert helpers.leftovers(node) == helpers.NOTHING
+    assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') == 1
+    assert helpers.metric(node, 'kuryr_cni_queued_del_failures_total') == 0
+    assert [(e['container_id'], e['result']) for e in adoptions(node)] == [
+        (a.container_id, 'adopted')]
+
+
+def test_an_add_naming_a_port_kuryr_daemon_plugged_for_another_pod_is_refused(
+        ovs_world, runtime):
+    """Pod web-1's annotation names web-0's port (hostile or mistaken) while kuryr-daemon's
+    devices of web-0's VIF, not adopted yet, carry it: web-1's ADD is refused as if
+    web-0's binding held the port, and web-0 keeps its traffic. (The code before plugged
+    a second port of that iface-id, then adopted web-0's: two pods held one port.)"""
+    world = ovs_world
+    node = world.node
+    world.create_pod()
+    a = world.sandbox('a')                  # no sandbox process: the scan leaves it
+    world.plant(a)
+    planted = world.kuryr_daemons()
+    uid = str(uuid.uuid4())
+    borrowed = dict(world.vif(), mac='fa:16:3e:00:00:08', ips=['10.50.0.8/24'])
+    node.api.create_pod('default', 'web-1', testhost.NODE, uid=uid, annotations={
+        'kuryr.openstack.org/vifs': json.dumps({'eth0': borrowed})})
+    b = testruntime.Sandbox('sandbox-b-%s' % uuid.uuid4().hex[:40], node.pod_netns(),
+                            'web-1', pod_uid=uid)
+    world.start()
+
+    refused = runtime.add(b)
+    assert not refused.ok and refused.error_code == 7, refused.output
+    assert 'port %s bound to another pod' % PORT_ID in refused.output['msg'], refused.output
+    assert world.kuryr_daemons() == planted and world.pings(a)
+    assert helpers.binding(node, 'default/web-1') is None
+    assert runtime.delete(b).ok
+    assert runtime.delete(a).ok             # web-0's own DEL still removes everything
+    assert world.kuryr_daemons() == {} and world.pod_end(a) is None
     assert helpers.leftovers(node) == helpers.NOTHING
 
 

@@ -22,10 +22,25 @@ Workers and their plans, decided (as the code does) once the lock is held:
 * ``ADD N`` (:meth:`Ownership.add`): :meth:`Adopter.evict_foreign` (``evict_foreign``
   of the proven port), the claim (``save``), ``connect``, ``save_fast``; an
   adopted K is evicted as our own older sandbox (``disconnect``).
-* ``scan`` (:meth:`Adopter.scan`, housekeeping once after each start): no binding,
-  the port proven and K's namespace identified → ``adopt_record``, ``tag_foreign``.
+* ``scan`` (:meth:`Adopter.scan`, housekeeping once after each start, once the
+  watcher has listed the pods): no binding, the port proven and K's namespace
+  identified → ``adopt_record``, ``tag_foreign``.
+* ``replay K`` (:func:`kuryr_cni.daemon.recovery.replay_queue`): the runtime's DEL K
+  sent while the daemon was down, queued by the shim (answered success) and
+  replayed at the restart, before the watcher's list: no binding → deferred (the
+  lock only; the entry stays); else, and by housekeeping once the pods are
+  listed, the plan of ``DEL K`` and then ``done`` (the entry removed).
 
-Invariants: a tag only on a port the binding names (the record first);
+Another pod may hold K's port (``held``): its record names the port (a hostile or
+mistaken annotation) and its ADD was admitted while no pod's VIF proved
+kuryr-daemon's port (:meth:`Adopter.held_elsewhere` refuses it otherwise), then lets
+it go (its DEL). It takes the port only while K's pod has no binding and no worker
+runs: the fence's reservation makes an adoption's check and record one step for
+other pods. While it holds it, an adoption is refused: the scan leaves K's port,
+``DEL K`` removes it unrecorded (``discard_beside``), ``ADD N`` is refused.
+
+Invariants: never two pods holding K's port; a tag only on a port the binding
+names (the record first);
 the planted port never tagged, removed or changed; once ADD N answered, no
 untagged proven port of its iface-id beside N's; after K's DEL answered and
 recovery, nothing of K (port, record, temporary file, lock file of a pod
@@ -56,6 +71,9 @@ class St(typing.NamedTuple):
     add_n: str          # runtime: 'no' | 'sent' | 'ok'
     scanned: bool       # housekeeping's scan ran since the start
     crashes: int        # kills left
+    held: bool          # another pod's binding holds K's port
+    queued: bool        # the shim's queued DEL K is in the queue
+    listed: bool        # the watcher has listed the pods since the start
 
 
 @dataclasses.dataclass
@@ -64,22 +82,35 @@ class Bounds:
     add_n: bool = True          # a newer sandbox of the pod is added at some point
     orphan: bool = True         # K's namespace may go before its DEL
     # Each False is the code without that rule, to show the checker needs it:
+    borrowed: bool = True       # another pod may hold K's port for a while
+    queue: bool = True          # DEL K may come while the daemon is down (the shim queues it)
     record_first: bool = True   # Adopter._adopt saves the binding before it tags
     evict_at_add: bool = True   # Ownership.add calls Adopter.evict_foreign
+    fence_at_adoption: bool = True  # Adopter._adopt asks the address fence first
+    defer_until_listed: bool = True  # replay_queue keeps DEL K until the pods are listed
 
 
 def initial(bounds):
     return St('untagged', True, 'untouched', '', False, False, False, (), 'todo',
-              'no' if bounds.add_n else 'none', False, bounds.crashes)
+              'no' if bounds.add_n else 'none', False, bounds.crashes, False, False, True)
 
 
 def _plan(st, name, bounds):
     """The steps the code takes once it holds the lock, from what it reads there."""
     adopt = SAVE + [('tag_foreign', 0)] if bounds.record_first else \
         [('tag_foreign', 0)] + SAVE
+    refused = st.held and bounds.fence_at_adoption    # another pod holds the port
     hold_done = [('answer', 0)]
+    if name == 'replay K':
+        if st.binding == '' and not st.listed and bounds.defer_until_listed:
+            return [('release_remove', 0), ('deferred', 0)]
+        return [s for s in _plan(st, 'DEL K', bounds) if s[0] != 'answer'] + [('done', 0)]
     if name == 'DEL K':
         if st.binding == '':
+            if st.port == 'untagged' and not st.listed:
+                return [('release_remove', 0)] + hold_done      # no VIF: nothing proven
+            if st.port == 'untagged' and st.pod_end and refused:
+                return [('discard_beside', 0), ('release_remove', 0)] + hold_done
             if st.port == 'untagged' and st.pod_end:
                 return adopt + [('disconnect', 0), ('remove', 0), ('release_remove', 0)] \
                     + hold_done
@@ -90,6 +121,8 @@ def _plan(st, name, bounds):
             return [('disconnect', 0), ('remove', 0), ('release_remove', 0)] + hold_done
         return [('release', 0)] + hold_done           # stale: N owns the pod
     if name == 'ADD N':
+        if st.held:                                   # the fence refuses it
+            return [('release_remove', 0) if st.binding == '' else ('release', 0)]
         evict = [('evict_foreign', 0)] if st.port == 'untagged' and bounds.evict_at_add \
             else []
         if st.binding == 'K':
@@ -97,7 +130,9 @@ def _plan(st, name, bounds):
         return evict + [('save', 0), ('connect', 0), ('save_fast', 0), ('release', 0)] \
             + hold_done
     # scan
-    if st.binding == '' and st.port == 'untagged' and st.pod_end:
+    # K identified by its running sandbox process: the runtime stops it before its DEL.
+    if st.binding == '' and st.port == 'untagged' and st.pod_end and not refused \
+            and st.del_k == 'todo':
         return adopt + [('release', 0), ('scanned', 0)]
     return [('release_remove', 0) if st.binding == '' else ('release', 0), ('scanned', 0)]
 
@@ -114,8 +149,12 @@ def _apply(st, name, step):
         return st._replace(port='tagged')
     if what == 'disconnect':                # Finder.release: tagged K's or untagged
         return st._replace(port='gone', ours=False if name == 'DEL N' else st.ours)
-    if what in ('evict_foreign', 'discard_orphan'):
+    if what in ('evict_foreign', 'discard_orphan', 'discard_beside'):
         return st._replace(port='gone')
+    if what == 'done':
+        return st._replace(queued=False)
+    if what == 'deferred':
+        return st
     if what == 'connect':
         return st._replace(ours=True)
     if what == 'remove':
@@ -146,18 +185,36 @@ def successors(st, bounds):
                         st._replace(worker=(), crashes=st.crashes - 1)))
     else:
         # A request or the scan takes the lock (hold: open, flock) and decides.
-        if st.del_k in ('todo', 'sent'):
+        # Requests once the pods are listed: the model's daemon opens its socket then.
+        if st.del_k in ('todo', 'sent') and st.listed:
             out.append(('runtime DEL K', _start(st, 'DEL K', bounds)._replace(del_k='sent')))
-        if st.add_n in ('no', 'sent'):
+        if st.add_n in ('no', 'sent') and st.listed:
             out.append(('runtime ADD N', _start(st, 'ADD N', bounds)._replace(add_n='sent')))
-        if not st.scanned:
+        if not st.listed:
+            out.append(('the watcher lists the pods', st._replace(listed=True)))
+        if st.queued and st.listed:
+            out.append(('housekeeping: replay_queue', _start(st, 'replay K', bounds)))
+        elif not st.scanned and st.listed:
             out.append(('housekeeping: Adopter.scan', _start(st, 'scan', bounds)))
         if st.crashes and st.scanned:
             out.append(('restart daemon (recovery: remove_temporaries)',
-                        st._replace(tmp=False, scanned=False, crashes=st.crashes - 1)))
+                        _restarted(st)._replace(crashes=st.crashes - 1)))
+        if bounds.queue and st.del_k == 'todo':
+            # Down meanwhile: the shim answers success; the restart replays it.
+            out.append(('runtime DEL K, queued by the shim; restart (recovery: replay_queue)',
+                        _start(_restarted(st)._replace(del_k='ok', queued=True),
+                               'replay K', bounds)))
+        if bounds.borrowed and not st.held and st.binding == '' and st.port == 'untagged':
+            out.append(("another pod's ADD takes K's port", st._replace(held=True)))
+    if st.held:
+        out.append(("the other pod lets K's port go (its DEL)", st._replace(held=False)))
     if bounds.orphan and st.pod_end and st.del_k != 'ok':
         out.append(("K's namespace goes (its veth with it)", st._replace(pod_end=False)))
     return out
+
+
+def _restarted(st):
+    return st._replace(tmp=False, scanned=False, listed=False)
 
 
 def _start(st, name, bounds):
@@ -166,6 +223,8 @@ def _start(st, name, bounds):
 
 def check_state(st):
     problems = []
+    if st.held and st.binding == 'K':
+        problems.append("two pods hold K's port")
     if st.port == 'tagged' and st.binding != 'K' and not st.worker:
         problems.append('a tagged port no binding names (its adopter died)')
     if st.planted != 'untouched':
@@ -214,7 +273,8 @@ def explore(bounds=None):
         st = frontier.popleft()
         problems = check_state(st)
         nexts = successors(st, bounds)
-        if not problems and not st.worker and st.del_k == 'ok' and st.add_n in ('ok', 'none'):
+        if not problems and not st.worker and st.del_k == 'ok' and st.add_n in ('ok', 'none') \
+                and not st.queued:
             ends += 1
             left = check_end(st)
             if left:

@@ -89,6 +89,15 @@ def kuryr_daemon_orphan(machine):
     machine.remove_netns(A1)
 
 
+def kuryr_daemon_del_queued(machine):
+    """A1 plugged by kuryr-daemon, and its DEL queued by the shim, while this daemon was
+    down."""
+    machine.vifs(POD0, 0, True)
+    machine.stop()
+    machine.kuryr_daemon_sandbox(A1)
+    machine.delete(A1)
+
+
 PATHS = {
     'Ownership.add: first sandbox of a pod': (
         lambda m: m.vifs(POD0, 0, True), lambda m, n=None: m.add(A1, n)),
@@ -113,6 +122,11 @@ PATHS = {
         kuryr_daemon_orphan, lambda m, n=None: m.delete(A1, n)),
     'Adopter.evict_foreign: a new sandbox evicts kuryr-daemon\'s port': (
         kuryr_daemon_plugged, lambda m, n=None: m.add(A2, n)),
+    'recovery.replay_queue: a queued DEL of kuryr-daemon\'s sandbox waits for the pods': (
+        kuryr_daemon_del_queued, replay_at_restart),
+    'recovery.replay_queue: housekeeping applies it once the pods are listed': (
+        lambda m: (kuryr_daemon_del_queued(m), m.restart()),
+        lambda m, n=None: m.housekeeping(n)),
     'Adopter.scan: at start-up, a sandbox kuryr-daemon plugged': (
         kuryr_daemon_plugged, lambda m, n=None: m.housekeeping(n)),
     'Ownership.check: the owner': (

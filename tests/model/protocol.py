@@ -107,11 +107,15 @@ STEPS = {
     'tag_foreign': ('kernel.Kernel.tag_foreign (Adopter._adopt)', ()),
     'evict_foreign': ('kernel.Kernel.discard_foreign (Adopter.evict_foreign)', ()),
     'discard_orphan': ('kernel.Kernel.discard_foreign (Adopter.adopt_for_delete, orphan)', ()),
+    # Another pod of the node holds the port: the DEL of the sandbox kuryr-daemon
+    # plugged removes its proven devices unrecorded, as an orphan's.
+    'discard_beside': ('kernel.Kernel.discard_foreign (Adopter.adopt_for_delete, '
+                       'address_taken)', ()),
     'scan': ('adoption.Adopter.scan (Housekeeper.tick, once synced)', ()),
 }
 
 KERNEL_STEPS = ('connect', 'disconnect', 'remove_tagged', 'tag_foreign', 'evict_foreign',
-                'discard_orphan')
+                'discard_orphan', 'discard_beside')
 
 # Transitions that are not a worker's step, and the code (or world) they stand for.
 EVENTS = {
@@ -1042,6 +1046,14 @@ def _durable_steps():
             hold + list(STEPS['adopt_record'][1]) + delete(one, 'a1')[len(hold):],
         'Adopter.adopt_for_delete: an orphan of kuryr-daemon removed': delete(empty, 'a1'),
         'Adopter.evict_foreign: a new sandbox evicts kuryr-daemon\'s port': add(empty, 'a1'),
+        # The shim queued the DEL of a sandbox kuryr-daemon plugged: the start-up replay,
+        # before the watcher's list, only looks (no binding, no VIF to prove anything
+        # with) and keeps it; housekeeping's first replay once listed adopts and applies.
+        'recovery.replay_queue: a queued DEL of kuryr-daemon\'s sandbox waits for the pods':
+            delete(empty, 'a1'),
+        'recovery.replay_queue: housekeeping applies it once the pods are listed':
+            hold + list(STEPS['adopt_record'][1]) + delete(one, 'a1')[len(hold):]
+            + list(STEPS['done'][1]),
         # CHECK and the mirror's resync read the binding under the pod's lock.
         'Ownership.check: the owner': hold,
         'recovery.resync_mirror: housekeeping after a worker died': hold,

@@ -27,7 +27,8 @@ Invariants, as issue 32 states them:
 * an ADD answered success leaves its pod connected until a DEL of that sandbox
   or a newer sandbox's ADD is sent;
 * an ADD in flight stays registered as in flight (a GC spares it);
-* at the end, after every parked ADD has ended, housekeeping and a restart ran:
+* at the end, after every parked ADD has ended, housekeeping, a restart and
+  housekeeping again ran:
   nothing of a sandbox whose DEL was answered success (or queued) remains: no
   device, record, registry entry or queued DEL, and no lock file of a pod left
   without a binding; then, after a DEL of every
@@ -74,30 +75,6 @@ VARIANTS = 3                # VIFs a pod's record may show (see vif())
 MAX_CRASH_POINT = 24        # more durable calls than any one request makes
 
 CRASH = st.none() | st.integers(min_value=0, max_value=MAX_CRASH_POINT)
-
-# Open gaps of the code the CI profile keeps out of its runs, each named and described in
-# doc/source/ownership.rst ("Open"); the long profile (tests/model/test_real_protocol.py)
-# runs them, and fails on them until they are closed.
-#
-# ADOPTION_BESIDE_A_BORROWED_PORT: the address fence (Ownership._admit) counts the ports
-# of bindings only, and an adoption (Adopter._adopt, by a DEL or the start-up scan)
-# records a binding without asking the fence. So when pod A's record names pod B's port
-# (variant 2 of vif(): a hostile or mistaken annotation) and kuryr-daemon's untagged port
-# of B's VIF is still on br-int, A's ADD is admitted (B holds nothing yet) and B's
-# adoption then records the same port: two pods of the node hold one port. Kept out:
-# A's record naming B's port while such an untagged port of B exists, and a kuryr-daemon
-# sandbox of B while A's record or binding names B's port.
-ADOPTION_BESIDE_A_BORROWED_PORT = 'adoption beside a borrowed port'
-#
-# QUEUED_DEL_OF_KURYR_DAEMON_SANDBOX: recovery.restore replays the DEL queue before the
-# watcher starts (kuryr_cni/daemon/main.py), so a queued DEL of a sandbox kuryr-daemon
-# plugged and nobody adopted finds no VIF to prove its port with: it answers noop, its
-# entry is dropped, and the port stays on br-int (the scan will not adopt it: the
-# runtime stopped that sandbox). Kept out: a DEL of such a sandbox while the daemon is
-# down (the shim's queue); its DEL while the daemon runs is drawn as before.
-QUEUED_DEL_OF_KURYR_DAEMON_SANDBOX = 'queued DEL of a kuryr-daemon sandbox'
-EXCLUDED_IN_CI = frozenset({ADOPTION_BESIDE_A_BORROWED_PORT,
-                            QUEUED_DEL_OF_KURYR_DAEMON_SANDBOX})
 
 
 def pod_of(cid):
@@ -155,7 +132,6 @@ class Protocol(RuleBasedStateMachine):
     """One node, two pods of three sandboxes, the real daemon code; see the module doc."""
 
     node_class = RecordingNode
-    excluded = EXCLUDED_IN_CI       # the long profile clears it
 
     def __init__(self):
         super().__init__()
@@ -410,12 +386,7 @@ class Protocol(RuleBasedStateMachine):
         self.settle()
 
     def deletable(self):
-        """Sandboxes the runtime may DEL: any it made (see EXCLUDED_IN_CI)."""
-        if QUEUED_DEL_OF_KURYR_DAEMON_SANDBOX in self.excluded and not self.up:
-            recorded = {c for b in state.BindingStore(self.state_dir).load_all().values()
-                        for c in b.sandboxes}
-            return [cid for cid in sorted(self.netns)
-                    if cid not in self.kuryr_daemon_made or cid in recorded]
+        """Sandboxes the runtime may DEL: any it made."""
         return sorted(self.netns)
 
     def delete(self, cid, crash_after=None, pod_identity=True):
@@ -441,6 +412,10 @@ class Protocol(RuleBasedStateMachine):
         self.settle()
         if answer is not None and answer[0] in (200, 204):
             self.deleted.add(cid)
+        else:
+            # Failed (or its worker died): the runtime sends it again until it succeeds,
+            # whatever an earlier DEL of the sandbox answered (the wind-down does).
+            self.deleted.discard(cid)
 
     def _queue_del(self, cid, crash_after, pod_identity):
         """The shim, unable to reach the daemon, queues the DEL and answers success."""
@@ -513,26 +488,6 @@ class Protocol(RuleBasedStateMachine):
         return {self.netns[cid]: (self.uid[cid], cid) for cid in sorted(self.netns)
                 if self.node.netns_exists(self.netns[cid]) and cid not in self.del_sent}
 
-    def publishable_variants(self, pod):
-        """The variants of vif() the watcher may publish for ``pod`` (see EXCLUDED_IN_CI)."""
-        other_port = 'port-%d-0' % (1 - PODS.index(pod))
-        if ADOPTION_BESIDE_A_BORROWED_PORT in self.excluded and self.adopts() and any(
-                row.iface_id == other_port and row.owner is None and not row.planted
-                for row in self.node.kernel.rows.values()):
-            return list(range(VARIANTS - 1))
-        return list(range(VARIANTS))
-
-    def _port_borrowed(self, pod):
-        """Whether another pod's record or binding names the port ``pod``'s record does."""
-        port = self.records[pod]['vifs']['eth0']['port_id']
-        named = {v['port_id'] for other, record in self.records.items() if other != pod
-                 for v in record['vifs'].values()}
-        for other, binding in state.BindingStore(self.state_dir).load_all().items():
-            if other != pod:
-                named |= {i.vif.port_id for s in binding.sandboxes.values()
-                          for a in s.attachments.values() for i in a.interfaces}
-        return port in named
-
     def kuryr_daemon_makeable(self):
         """Sandboxes kuryr-daemon may have plugged while this daemon was down: of a pod
         with VIFs and no binding, never made; one per pod (kuryr-daemon names its port
@@ -548,9 +503,7 @@ class Protocol(RuleBasedStateMachine):
         taken = {pod_of(c) for c in self.kuryr_daemon_made}
         return [cid for cid in SANDBOXES if cid not in self.netns
                 and pod_of(cid) in self.records and pod_of(cid) not in bound | taken
-                and self.variant[pod_of(cid)] < 2
-                and not (ADOPTION_BESIDE_A_BORROWED_PORT in self.excluded
-                         and self._port_borrowed(pod_of(cid)))]
+                and self.variant[pod_of(cid)] < 2]
 
     def kuryr_daemon_sandbox(self, cid):
         """kuryr-daemon plugged ``cid`` (the runtime's ADD, answered by it) before the
@@ -653,7 +606,7 @@ class Protocol(RuleBasedStateMachine):
 
     @rule(data=st.data(), pod=st.sampled_from(PODS), active=st.booleans())
     def rule_vifs(self, data, pod, active):
-        self.vifs(pod, data.draw(st.sampled_from(self.publishable_variants(pod)),
+        self.vifs(pod, data.draw(st.sampled_from(range(VARIANTS)),
                                  label='variant'), active)
 
     @rule(pod=st.sampled_from(PODS))
@@ -803,6 +756,9 @@ class Protocol(RuleBasedStateMachine):
         self.settle()
         self.housekeeping(None)
         self.restart(None)
+        # A started daemon's housekeeping: the queued DELs that waited for the watcher's
+        # list (recovery.replay_queue) are applied now.
+        self.housekeeping(None)
         self.assert_gone(self.deleted)
         for cid in sorted(set(self.netns) - self.deleted):
             for _ in range(3):
@@ -875,6 +831,7 @@ def fresh_registry():
     shared = _shared['registry']
     shared.pods.replace({})
     shared.status.take_resync_request()
+    shared.status.mark_synced(False)    # a started daemon's watcher has listed nothing yet
     return registry_mod.Registry(shared.pods, _shared['manager'].BindingTable(),
                                  shared.status, shared.stale_dels, shared.changes)
 

@@ -1,7 +1,9 @@
 """Issue 32 item 1 for the adoption: its model explored exhaustively, and shown to need
-its two rules (tests/model/adoption_model.py)."""
+its rules (tests/model/adoption_model.py)."""
 
 import os
+
+import pytest
 
 from tests.model import adoption_model as model
 
@@ -16,8 +18,10 @@ def _report(bounds, result):
                               '' if result.violation is None else ': ' + result.violation))
 
 
-def test_adoption_keeps_its_invariants_with_a_crash_at_every_step():
-    bounds = model.Bounds(crashes=CRASHES)
+@pytest.mark.parametrize('add_n', [True, False], ids=['new-sandbox', 'no-new-sandbox'])
+def test_adoption_keeps_its_invariants_with_a_crash_at_every_step(add_n):
+    # Without a new sandbox, nothing but K's own DEL can remove K's port.
+    bounds = model.Bounds(crashes=CRASHES, add_n=add_n)
     result = model.explore(bounds)
     _report(bounds, result)
     assert result.violation is None, (result.violation, result.trace)
@@ -33,3 +37,14 @@ def test_tagging_before_the_record_leaves_a_tag_no_binding_names():
 def test_an_add_that_does_not_evict_leaves_the_iface_id_on_two_ports():
     result = model.explore(model.Bounds(evict_at_add=False))
     assert result.violation.startswith('ADD N answered'), result.violation
+
+
+def test_an_adoption_that_does_not_ask_the_fence_binds_one_port_to_two_pods():
+    result = model.explore(model.Bounds(fence_at_adoption=False))
+    assert result.violation.startswith("two pods hold K's port"), result.violation
+
+
+def test_a_queued_del_replayed_before_the_pods_are_listed_leaves_the_port():
+    result = model.explore(model.Bounds(add_n=False, defer_until_listed=False))
+    assert result.violation.startswith("after K's DEL answered and recovery, left: K's port"), \
+        result.violation

@@ -28,10 +28,11 @@ from tests.model import real_protocol as rp
 
 # Code paths with a durable call that no path crashes at, and why.
 NOT_CRASHED = {
-    'kuryr_cni.daemon.recovery:_failed':
-        'sets aside a queued DEL that failed for RETRY_AGE_LIMIT (an hour): the end of '
-        'retrying, whose one durable call (DelQueue.set_aside, a rename) is its last step; '
-        'the entry is then an operator\'s (tests/unit/test_recovery.py)',
+    'kuryr_cni.daemon.recovery:_give_up':
+        'sets aside a queued DEL that failed, or waited for the watcher\'s list, for '
+        'RETRY_AGE_LIMIT (a day): the end of retrying, whose one durable call '
+        '(DelQueue.set_aside, a rename) is its last step; the entry is then an operator\'s '
+        '(tests/unit/test_recovery.py)',
 }
 
 

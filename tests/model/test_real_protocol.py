@@ -22,9 +22,5 @@ settings.register_profile(
     'model-long', max_examples=2000, stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 PROFILE = 'model-' + ('long' if os.environ.get('KURYR_CNI_MODEL_LONG') == '1' else 'ci')
-
-if PROFILE == 'model-long':
-    # The open gaps of real_protocol.EXCLUDED_IN_CI too: nights find them until closed.
-    real_protocol.Protocol.excluded = frozenset()
 TestRealProtocol = real_protocol.Protocol.TestCase
 TestRealProtocol.settings = settings.get_profile(PROFILE)

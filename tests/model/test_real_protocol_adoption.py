@@ -4,28 +4,29 @@ random runs of the CI profile rarely go: a kuryr-daemon port whose proof fails, 
 planted port in a sandbox's namespace; a crash between the adoption's record and tag.
 """
 
-import pytest
-
 from tests.model import real_protocol as rp
 from tests.model import test_real_protocol_regressions as regressions
 
 POD0, POD1 = rp.PODS
 
 # pod-0's VIF (variant 2) names pod-1's port, and pod-1's kuryr-daemon sandbox holds it
-# unadopted when pod-0's ADD comes (admitted: no binding holds the port yet).
-BORROWED_PORT_ADMITTED = (('vifs', POD1, 0, True),
-                          ('vifs', POD0, 2, True),
-                          ('stop',),
-                          ('kuryr_daemon_sandbox', 'p1-s0'),
-                          ('restart',),
-                          ('add', 'p0-s0'))
+# unadopted when pod-0's ADD comes.
+BORROWED_PORT = (('vifs', POD1, 0, True),
+                 ('vifs', POD0, 2, True),
+                 ('stop',),
+                 ('kuryr_daemon_sandbox', 'p1-s0'),
+                 ('restart',))
 
 
 def test_an_add_leaves_a_port_of_its_iface_id_with_another_attached_mac():
-    """pod-1's kuryr-daemon port carries port-1-0; pod-0's VIF (variant 2) names the same
-    port with pod-0's MAC: not proven pod-0's, so pod-0's ADD must not evict it, nor its
-    DEL adopt it. (Mutation: evict_foreign without ``if finding.proven`` removes it.)"""
-    regressions.replay(*BORROWED_PORT_ADMITTED,
+    """pod-1's kuryr-daemon port carries port-1-0; pod-1's VIF moves to another port, so
+    no pod's VIF proves it any more, and pod-0's VIF (variant 2) names port-1-0 with
+    pod-0's MAC: pod-0's ADD is admitted, and the port, not proven pod-0's, must not be
+    evicted by it nor adopted by its DEL. (Mutation: evict_foreign without ``if
+    finding.proven`` removes it.)"""
+    regressions.replay(*BORROWED_PORT,
+                       ('vifs', POD1, 1, True),
+                       ('add', 'p0-s0'),
                        ('delete', 'p0-s0'))
 
 
@@ -56,27 +57,46 @@ def test_a_crash_between_the_record_and_the_tags_loses_nothing():
                        ('delete', 'p0-s0'))
 
 
-# Open gaps of the code (real_protocol.EXCLUDED_IN_CI, doc/source/ownership.rst "Open"):
-# strict, so each turns into a failure the day its gap is closed.
+def test_an_adoption_beside_a_borrowed_port_is_refused():
+    """pod-0's record names pod-1's port (variant 2) while kuryr-daemon's port of pod-1's
+    VIF is on br-int: pod-0's ADD is refused (the fence counts that port as pod-1's), and
+    the scan then adopts pod-1's port for pod-1 alone. Failed on the code before the fix
+    (the ADD was admitted, then the scan bound port-1-0 to both pods)."""
+    with rp.Protocol().driven() as machine:
+        for action, *args in BORROWED_PORT + (('add', 'p0-s0'), ('housekeeping',)):
+            getattr(machine, action)(*args)
+            machine.assert_invariants()
+        assert 'p0-s0' not in machine.results, 'the ADD of the borrowed port answered success'
+        assert machine.owners() == {POD1: 'p1-s0'}, machine.owners()
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason=rp.ADOPTION_BESIDE_A_BORROWED_PORT)
-def test_open_an_adoption_beside_a_borrowed_port_binds_one_port_to_two_pods():
-    """pod-0's record names pod-1's port (variant 2); pod-0's ADD is admitted, as pod-1
-    holds nothing yet; the scan then adopts pod-1's kuryr-daemon port: two pods of the
-    node hold port-1-0."""
-    regressions.replay(*BORROWED_PORT_ADMITTED,
-                       ('housekeeping',))
 
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason=rp.QUEUED_DEL_OF_KURYR_DAEMON_SANDBOX)
-def test_open_a_queued_del_of_a_kuryr_daemon_sandbox_leaves_its_port():
+def test_a_queued_del_of_a_kuryr_daemon_sandbox_removes_its_port():
     """The shim queues the DEL of kuryr-daemon's sandbox while the daemon is down; the
-    start-up replay runs before the watcher has the pod's VIFs, so proves nothing,
-    answers noop and drops the entry: kuryr-daemon's port stays on br-int."""
+    start-up replay, before the watcher has the pod's VIFs, keeps it queued, and the
+    first housekeeping round after the sync applies it: the port is adopted and removed.
+    Failed on the code before the fix (the replay answered noop and dropped the entry:
+    the port stayed on br-int)."""
     regressions.replay(('vifs', POD0, 0, True),
                        ('stop',),
                        ('kuryr_daemon_sandbox', 'p0-s0'),
                        ('delete', 'p0-s0'),
                        ('restart',))
+
+
+def test_no_adoption_of_a_port_another_pod_holds():
+    """pod-1's VIF names another port while pod-0's ADD takes port-1-0 (variant 2), then
+    names port-1-0 again: the scan must not adopt kuryr-daemon's port of it (pod-0 holds
+    the port), and pod-1's DEL of that sandbox removes it unrecorded. Failed on the code
+    before the fix (the scan bound port-1-0 to both pods); without the removal at the
+    DEL, kuryr-daemon's port stays on br-int."""
+    tap = rp.foreign_node.foreign.tap_name('port-1-0')
+    with rp.Protocol().driven() as machine:
+        for action, *args in BORROWED_PORT + (('vifs', POD1, 1, True), ('add', 'p0-s0'),
+                                              ('vifs', POD1, 0, True), ('housekeeping',)):
+            getattr(machine, action)(*args)
+            machine.assert_invariants()
+        assert machine.owners() == {POD0: 'p0-s0'}, machine.owners()
+        assert machine.node.kernel.rows[tap].owner is None
+        machine.delete('p1-s0')
+        machine.assert_invariants()
+        assert tap not in machine.node.kernel.rows

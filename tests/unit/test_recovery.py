@@ -10,8 +10,11 @@ import json
 import os
 import threading
 
+import pytest
+
 from kuryr_cni import errors
 from kuryr_cni import kernel
+from kuryr_cni import ownership as ownership_rules
 from kuryr_cni import records
 from kuryr_cni import state
 from kuryr_cni.daemon import housekeeping
@@ -75,7 +78,7 @@ class ScriptedDeletes:
         self.registry = registry
         self.seen = []
 
-    def delete(self, req, deadline):
+    def delete(self, req, deadline, vifs_known=True):
         self.seen.append(req.container_id)
         answer = self.script[req.container_id]
         if isinstance(answer, list):
@@ -144,13 +147,45 @@ def test_a_failing_queued_del_is_retried_with_back_off_until_it_is_applied(
     assert registry.status.queued_dels() == {'failing': 0, 'entries': []}
 
 
-def test_a_queued_del_failing_past_the_age_limit_is_set_aside_loudly(tmp_path, registry,
-                                                                     monkeypatch):
+class NeedsVIFs(ScriptedDeletes):
+    """DELs of sandboxes of pods without binding: deferred until the pods' VIFs are known."""
+
+    def delete(self, req, deadline, vifs_known=True):
+        if not vifs_known:
+            self.seen.append(req.container_id)
+            return ownership_rules.DEFERRED
+        return super().delete(req, deadline)
+
+
+def test_a_queued_del_needing_the_pods_vifs_waits_for_the_watcher_unnoticed_as_failing(
+        tmp_path, registry):
+    """Replayed at start-up, before the watcher's list, a DEL that only the pod's VIFs can
+    prove kuryr-daemon's devices for stays queued, is not a failure, and is applied at
+    the first replay once the watcher has synced."""
+    queue = state.DelQueue(str(tmp_path))
+    queued_del(queue, '1-1.json', 'a')
+    owner = NeedsVIFs({'a': 'success'}, registry)
+    retries = recovery.Retries()
+    assert not registry.is_synced()
+    assert recovery.replay_queue(owner, queue, retries=retries) == 0
+    assert recovery.replay_queue(owner, queue, retries=retries) == 0    # due every round
+    assert owner.seen == ['a', 'a']
+    assert os.listdir(queue.directory) == ['1-1.json']
+    assert registry.status.queued_dels() == {'failing': 0, 'entries': []}
+    registry.mark_synced(True)
+    assert recovery.replay_queue(owner, queue, retries=retries) == 1
+    assert os.listdir(queue.directory) == []
+
+
+@pytest.mark.parametrize('deferred', [False, True], ids=['failing', 'deferred'])
+def test_a_queued_del_failing_or_deferred_past_the_age_limit_is_set_aside(
+        tmp_path, registry, monkeypatch, deferred):
     clock = [1000.0]
     monkeypatch.setattr(recovery.time, 'monotonic', lambda: clock[0])
     queue = state.DelQueue(str(tmp_path))
     queued_del(queue, '1-1.json', 'a')
-    owner = ScriptedDeletes({'a': errors.BindingFailed('refused')}, registry)
+    owner = NeedsVIFs({'a': 'success'}, registry) if deferred else \
+        ScriptedDeletes({'a': errors.BindingFailed('refused')}, registry)
     retries = recovery.Retries(first=2, cap=10, age_limit=60)
     recovery.replay_queue(owner, queue, retries=retries)
     clock[0] += 59
@@ -170,7 +205,7 @@ def test_replay_stops_between_entries_when_asked(tmp_path, registry):
     stop = threading.Event()
 
     class StopAfterOne(ScriptedDeletes):
-        def delete(self, req, deadline):
+        def delete(self, req, deadline, vifs_known=True):
             stop.set()
             return super().delete(req, deadline)
 
