@@ -413,13 +413,14 @@ class Ownership:
 
     # DEL ------------------------------------------------------------------
 
-    def delete(self, req, deadline, vifs_known=True):
+    def delete(self, req, deadline, vifs_known=None):
         """Apply DEL; returns the outcome counted: success, noop or stale.
 
-        ``vifs_known=False`` (a queued DEL replayed before the watcher synced):
-        a DEL of a sandbox of a pod without binding, which only the pod's VIFs
+        A DEL of a sandbox of a pod without binding, which only the pod's VIFs
         can prove kuryr-daemon's devices of, changes nothing and returns
-        :data:`DEFERRED`, to be applied once they are known.
+        :data:`DEFERRED` while they are not known, to be applied once they
+        are: ``vifs_known`` says whether they are (False: a queued DEL replayed
+        before the watcher synced); None asks the registry (:meth:`vifs_listed`).
         """
         if req.netns and self.kernel.netns_exists(req.netns):   # it may be gone already
             self.kernel.check_netns(req.netns)
@@ -435,7 +436,7 @@ class Ownership:
         with self.locks.hold(pod_key, deadline) as remove_lock:
             binding = self.store.load(pod_key)
             if binding is None and self.adopter is not None and req.pod is not None:
-                if not vifs_known:
+                if not (self.vifs_listed(req.pod) if vifs_known is None else vifs_known):
                     remove_lock()
                     return DEFERRED
                 # Devices kuryr-daemon made for this very sandbox: adopted (recorded
@@ -449,6 +450,24 @@ class Ownership:
             if not binding.sandboxes:
                 self._forget(binding, remove_lock)
             return outcome
+
+    def vifs_listed(self, pod):
+        """Whether the watcher's view holds ``pod``'s VIFs, or all pods are listed (a
+        pod not among them has none). Only after a start, until the first list, is
+        neither true: an outage later keeps the view it had."""
+        return self.registry.pods.get(pod.key) is not None or self.registry.is_synced()
+
+    def wait_vifs_listed(self, pod, deadline):
+        """Until :meth:`vifs_listed` (True) or ``deadline`` (False)."""
+        changes = self.registry.changes
+        while True:
+            seen = changes.version(pod.key)     # before the look: a later list moves it
+            if self.vifs_listed(pod):
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            changes.wait(pod.key, seen, remaining)
 
     def _judge_delete(self, binding, req):
         cid = req.container_id

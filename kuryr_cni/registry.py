@@ -748,6 +748,8 @@ class Registry:
 
     def mark_synced(self, synced):
         self.status.mark_synced(synced)
+        if synced:
+            self.changes.bump()     # a DEL may wait for the pods to be listed
 
     def is_synced(self):
         return self.status.is_synced()

@@ -12,6 +12,7 @@ from oslo_log import log as logging
 
 from kuryr_cni import errors
 from kuryr_cni import metrics
+from kuryr_cni import ownership as rules
 from kuryr_cni import records
 from kuryr_cni.cni import request as cni_request
 from kuryr_cni.daemon import health
@@ -88,7 +89,7 @@ class CNIApp:
         if req.command == 'ADD':
             return 'success', self.ownership.add(req, deadline)
         if req.command == 'DEL':
-            return self.ownership.delete(req, deadline), None
+            return self._delete(req, deadline), None
         if req.command == 'CHECK':
             self.ownership.check(req, deadline)
             return 'success', None
@@ -96,6 +97,21 @@ class CNIApp:
             return self._gc(req, deadline), None
         self._status()
         return 'success', None
+
+    def _delete(self, req, deadline):
+        outcome = self.ownership.delete(req, deadline)
+        if outcome != rules.DEFERRED:
+            return outcome
+        # Just started, the pods not listed yet: what kuryr-daemon made for this
+        # sandbox can be proven (and removed) only by its pod's VIFs. A no-op now would
+        # leave its devices for good, as the runtime forgets a sandbox it was told is gone.
+        if self.ownership.wait_vifs_listed(req.pod, deadline):
+            outcome = self.ownership.delete(req, deadline)
+            if outcome != rules.DEFERRED:
+                return outcome
+        raise errors.TryAgainLater(
+            'the pods of this node are not listed yet since the daemon started: the devices '
+            'of sandbox %s of pod %s cannot be proven yet' % (req.container_id, req.pod.key))
 
     def _status(self):
         """Fail only when an ADD arriving now would fail (``serves_adds`` of

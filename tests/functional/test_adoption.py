@@ -257,6 +257,38 @@ def test_a_queued_del_of_a_sandbox_kuryr_daemon_plugged_is_applied_once_pods_are
         (a.container_id, 'adopted')]
 
 
+def test_a_del_before_the_pods_are_listed_fails_until_they_are_then_removes_everything(
+        ovs_world, runtime):
+    """kuryr-cni has just started and the API server does not answer yet: a DEL of a
+    sandbox kuryr-daemon plugged cannot prove its devices, so it waits for the pods' list
+    until its deadline and then fails (code 11), changing nothing; the runtime's retry,
+    once the pods are listed, removes them all. (The code before: a no-op answered
+    success, and the runtime, told the sandbox was gone, never sent another DEL: the
+    port stayed on br-int.)"""
+    world = ovs_world
+    node = world.node
+    world.create_pod()
+    a = world.sandbox('a')
+    world.plant(a)
+    planted = world.kuryr_daemons()
+    node.api.stop()
+    node.start_daemon(workers=2, vif_timeout=5, wait=False,
+                      extra=world.config + '\n[cni_daemon]\nrequest_timeout = 6\n')
+    wait.until(lambda: os.path.exists(node.socket), 60, "the daemon's socket")
+
+    refused = runtime.delete(a)
+    assert not refused.ok and refused.error_code == 11, refused.output
+    assert 'not listed yet' in refused.output['msg'], refused.output
+    assert world.kuryr_daemons() == planted and world.pings(a)
+    assert crash.queue_entries(node) == []
+
+    node.api.start()
+    wait.until(lambda: runtime.delete(a).ok, 90, 'a retried DEL to succeed')
+    assert world.kuryr_daemons() == {}, "kuryr-daemon's devices of the deleted sandbox remain"
+    assert world.pod_end(a) is None
+    assert helpers.leftovers(node) == helpers.NOTHING
+
+
 def test_an_add_naming_a_port_kuryr_daemon_plugged_for_another_pod_is_refused(
         ovs_world, runtime):
     """Pod web-1's annotation names web-0's port (hostile or mistaken) while kuryr-daemon's
