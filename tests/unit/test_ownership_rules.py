@@ -159,7 +159,10 @@ class World:
         """An ADD sent while another waits for active VIFs: it claims and plugs, then they
         turn active."""
         future = self.pool.submit(self.request, 'ADD', cid, **opts)
-        wait.until(lambda: self.owner() == cid, what='the ADD of %s to claim the pod' % cid)
+        # Claimed as the waiting ADD sees it: the registry's summary, which follows the
+        # record on disk (an ADD that sees its VIFs active before then answers first).
+        wait.until(lambda: self.registry_owner() == cid,
+                   what='the ADD of %s to claim the pod' % cid)
         self.activate()
         return future.result(timeout=30)
 
@@ -173,6 +176,10 @@ class World:
     def owner(self):
         binding = self.ownership.store.load(POD)
         return binding.owner if binding else None
+
+    def registry_owner(self):
+        summary, _ = self.registry.bindings.summary_and_record(POD)
+        return summary.owner if summary else None
 
     def restart(self):
         """The daemon restarts: a new registry, recovery from the state dir."""
