@@ -2,6 +2,7 @@
 
     python -m tools.podstart node [--pods 100] [--rate 5] [--out FILE]     (root)
     python -m tools.podstart gate [--pods 100] [--rate 5] [--out FILE] [--kuryr-daemon]
+    (either: [--shapes rate,burst], the shapes to run)
 
 The shape: ``--pods`` pods on one node, offered at ``--rate`` pods a second,
 then again as one burst (all created at once). ``node``: the node tier's node
