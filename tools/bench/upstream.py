@@ -12,6 +12,14 @@ exist, the KuryrPort already carrying an active ``VIFBridge`` (plugin
 bridge-kind VIF for the same pod index: both daemons plug it alike, a veth
 whose host end joins the host's Linux bridge; no Open vSwitch is involved.
 
+Every sandbox is a new pod: its own network namespace, pod and KuryrPort
+(``pod-<index>-g<generation>``, the VIF still pod index's), and after its DEL
+the runtime's and kuryr-controller's part is done, untimed: the namespace
+removed (which takes the veth kuryr-daemon's DEL leaves), then the pod and
+KuryrPort deleted. kuryr-daemon keys everything on the pod's name; a later
+sandbox on the same pod's KuryrPort and namespace would find the last one's
+devices there, a path of its own no other system takes.
+
 The runtime execs its own ``kuryr-cni`` executable (a Python program: its
 import of os-vif and oslo is paid on every operation) with a 10.0.0 node's
 network entry; it answers in CNI 0.3.1 whatever the config says.
@@ -20,6 +28,7 @@ network entry; it answers in CNI 0.3.1 whatever the config says.
 import contextlib
 import os
 import subprocess
+import time
 
 from tools.bench import systems as systems_mod
 from tools.testbed import host as testhost
@@ -30,6 +39,11 @@ CONSTRAINTS = os.path.join(systems_mod.driver_mod.REPO, 'tools',
 CNI_VERSION = '0.3.1'     # what kuryr-cni 10.0.0 answers in
 TOKEN = 'kc-bench-token'
 NETWORK_ID = 'b9b2c6a4-1f0c-4d4c-8c0e-2a7d5f1e9c33'
+# A forked Python process per request, ~2.4 s of CPU per ADD: at concurrency 50 on a
+# loaded two-core machine one ADD waits minutes for the other 49.
+OP_TIMEOUT = 900
+LEFTOVER_GRACE = 30     # seconds
+LOG_KEPT = 60           # lines of its log quoted when an operation fails
 
 
 def build():
@@ -125,20 +139,43 @@ class KuryrDaemonSystem(systems_mod.System):
             host.close()
             raise
         self.session = _Session(self.daemon)
-        self._pods = set()
+        self.op_timeout = OP_TIMEOUT
 
-    def prepare_pods(self, indexes):
+    def sandboxes(self, indexes, generation):
+        """A new pod per sandbox: its namespace, pod and KuryrPort (pod ``index``'s VIF)."""
+        made = []
         for index in indexes:
-            if index in self._pods:
-                continue
-            name, uid = 'pod-%d' % index, 'uid-%d' % index
-            self.host.api.create_pod('default', name, testhost.NODE, uid=uid)
+            sandbox = systems_mod.Sandbox(
+                '%s-g%d-%d' % (self.name, generation, index), self.host.pod_netns(),
+                'pod-%d-g%d' % (index, generation), 'uid-%d-g%d' % (index, generation))
+            self.host.api.create_pod('default', sandbox.pod_name, testhost.NODE,
+                                     uid=sandbox.pod_uid)
             vif = systems_mod.bridge_vifs(index)['eth0']
             self.host.api.create_kuryrport(
-                'default', name, testhost.NODE,
-                spec={'podUid': uid, 'podStatic': False, 'podNodeName': testhost.NODE},
+                'default', sandbox.pod_name, testhost.NODE,
+                spec={'podUid': sandbox.pod_uid, 'podStatic': False,
+                      'podNodeName': testhost.NODE},
                 status={'vifs': {'eth0': {'default': True, 'vif': vif_bridge(vif)}}})
-            self._pods.add(index)
+            made.append(sandbox)
+        return made
+
+    def run(self, command, sandboxes, concurrency=1):
+        try:
+            result = super().run(command, sandboxes, concurrency)
+        except systems_mod.BenchError as exc:
+            raise systems_mod.BenchError('%s\nkuryr-daemon log, last %d lines:\n%s' % (
+                exc, LOG_KEPT, self.daemon.log_tail(LOG_KEPT))) from exc
+        if command == 'DEL':
+            for sandbox in sandboxes:
+                self.remove(sandbox)
+        return result
+
+    def remove(self, sandbox):
+        """What follows a DEL on a real node: the runtime removes the namespace, the pod
+        is deleted, kuryr-controller deletes its KuryrPort (the registry entry goes)."""
+        self.host.remove_netns(sandbox.netns)
+        self.host.api.delete_pod('default', sandbox.pod_name)
+        self.host.api.delete_kuryrport('default', sandbox.pod_name)
 
     def service_cpu(self):
         """``(user, system)`` CPU seconds of its processes, and of those it forked and reaped.
@@ -152,10 +189,17 @@ class KuryrDaemonSystem(systems_mod.System):
         return testhost.GATEWAY
 
     def leftovers(self):
-        bridge = self.host.links().get(testhost.BRIDGE, {}).get('index')
-        ports = [name for name, link in self.host.links().items()
-                 if bridge is not None and link.get('master') == bridge]
-        return {'devices': sorted(ports)} if ports else {}
+        # The kernel destroys a removed namespace, and the veths in it, in its own
+        # time after `ip netns del` returns: ports still there are given a while.
+        deadline = time.monotonic() + LEFTOVER_GRACE
+        while True:
+            links = self.host.links()
+            bridge = links.get(testhost.BRIDGE, {}).get('index')
+            ports = [name for name, link in links.items()
+                     if bridge is not None and link.get('master') == bridge]
+            if not ports or time.monotonic() > deadline:
+                return {'devices': sorted(ports)} if ports else {}
+            time.sleep(0.5)
 
     def close(self):
         try:
