@@ -74,7 +74,9 @@ def upstream_figures(raw):
         return dict(raw)
     out = {'concurrency': raw['concurrency'], 'ping': raw['ping'],
            'clean': not raw['leftovers'], 'leftovers': raw['leftovers'],
-           'load': raw.get('load', {}), 'partial': raw.get('partial')}
+           'load': raw.get('load', {}), 'partial': raw.get('partial'),
+           'retried': {phase: len(ops) for phase, ops in raw.get('retried', {}).items()},
+           'daemon_errors': raw.get('daemon_errors', {})}
     for key in ('serial_add', 'serial_del'):
         entry = {name: stats.latency_ms(samples) for name, samples in raw[key].items()}
         entry['ratio'] = stats.ratio(entry[KURYR]['median'], entry[UPSTREAM]['median'])
@@ -233,6 +235,8 @@ def upstream_table(up):
     lines.append('(ratio: kuryr-cni / kuryr-daemon; load: 1-minute load average after the '
                  'figure; kuryr-daemon left after its DELs: %s)'
                  % ({k: len(v) for k, v in up['leftovers'].items()} or 'nothing'))
+    lines.append('(kuryr-daemon operations failed and retried, by phase: %s; exceptions in '
+                 'its log: %s)' % (up.get('retried') or 'none', up.get('daemon_errors') or 'none'))
     if up.get('partial'):
         lines.append('(kuryr-daemon\'s attach budget ran out: %(reached)d of %(wanted)d pods)'
                      % up['partial'])

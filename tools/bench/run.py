@@ -170,6 +170,8 @@ def _against_kuryr_daemon(stack, systems, kuryr, options, log):
         # The figures of the other systems are kept, and the failure (with the
         # tail of kuryr-daemon's log) is reported.
         log('kuryr-daemon phase failed: %s' % exc)
+        out['retried'] = dict(out.get('retried', {}), failed=upstream_system.take_failures())
+        out['daemon_errors'] = upstream_system.daemon_errors()
         return {'failed': str(exc)[:8000], 'measured': out}
 
 
@@ -181,7 +183,7 @@ def _load():
 def _upstream_phase(upstream_system, systems, kuryr, options, log, out):
     kuryr.restart_daemon(options.workers)
     out.update(pss_idle=memory.daemon_pss(upstream_system.session),
-               kuryr_pss_idle=memory.daemon_pss(kuryr.host), load={'pss_idle': _load()})
+               kuryr_pss_idle=memory.daemon_pss(kuryr.host), load={'pss_idle': _load()}, retried={})
     every = list(systems) + [upstream_system]
     generation = itertools.count(2000)
 
@@ -194,19 +196,24 @@ def _upstream_phase(upstream_system, systems, kuryr, options, log, out):
     sandboxes = fresh(range(options.kuryr_daemon_serial))
     out['serial_add'] = workload.serial(every, 'ADD', sandboxes)
     out['load']['serial_add'] = _load()
+    out['retried']['serial_add'] = upstream_system.take_failures()
     out['ping'] = upstream_system.host.ping(sandboxes[upstream_system.name][0].netns,
                                             upstream_system.gateway())
     out['serial_del'] = workload.serial(every, 'DEL', sandboxes)
     out['load']['serial_del'] = _load()
+    out['retried']['serial_del'] = upstream_system.take_failures()
     top = max(options.concurrency)
     log('kuryr-daemon: ADD then DEL of %d pods at concurrency %d, beside the others (load %s)'
         % (options.kuryr_daemon_pods, top, _load()))
     out['throughput'] = workload.throughput(
         every, lambda: fresh(range(options.kuryr_daemon_pods)), top, 1)
     out['load']['throughput'] = _load()
+    out['retried']['throughput'] = upstream_system.take_failures()
     out['concurrency'] = top
     out['leftovers'] = upstream_system.leftovers()
     _upstream_memory(upstream_system, kuryr, options, log, generation, out)
+    out['retried']['attach'] = upstream_system.take_failures()
+    out['daemon_errors'] = upstream_system.daemon_errors()
 
 
 def _upstream_memory(upstream_system, kuryr, options, log, generation, out):
