@@ -45,7 +45,7 @@ NETWORK_ID = 'b9b2c6a4-1f0c-4d4c-8c0e-2a7d5f1e9c33'
 # loaded two-core machine one ADD waits minutes for the other 49.
 OP_TIMEOUT = 900
 LEFTOVER_GRACE = 30     # seconds
-ATTEMPTS = 3            # tries of an operation, as a runtime retries a failed sandbox
+ATTEMPTS = 4            # tries of an operation, as a runtime retries a failed sandbox
 # The last line of a traceback it logs: the exception's class.
 DAEMON_ERROR = re.compile(r' ERROR kuryr-daemon ([\w.]+(?:Error|Exception|Interrupted)): ')
 LOG_KEPT = 60           # lines of its log quoted when an operation fails
@@ -184,7 +184,8 @@ class KuryrDaemonSystem(systems_mod.System):
         meets a concurrent change; its daemon answers 500, its executable exits
         with code 100). kubelet would tear the sandbox down (DEL, namespace
         removed) and start the pod a new one: the failed ops are run so, once
-        the batch is over, up to ``ATTEMPTS`` times in all; the wall time, CPU
+        the batch is over, one at a time (retried at concurrency, they meet each
+        other's link changes and fail again), up to ``ATTEMPTS`` times in all; the wall time, CPU
         and each op's seconds include the retries, and each failure is kept in
         :attr:`failures`. An op failing every attempt fails the run.
         """
@@ -202,15 +203,14 @@ class KuryrDaemonSystem(systems_mod.System):
                                       'container_id': sandboxes[i].container_id,
                                       'error': _error(results[i])})
             if command == 'ADD':
-                more, _results = self.driver.run([self.op('DEL', s) for s in redo],
-                                                 concurrency)
+                more, _results = self.driver.run([self.op('DEL', s) for s in redo])
                 wall += more
                 plugin += self.driver.cpu
                 for sandbox in redo:
                     self.host.remove_netns(sandbox.netns)
                     sandbox.container_id += '-r%d' % attempt
                     sandbox.netns = self.host.pod_netns()
-            more, again = self.driver.run([self.op(command, s) for s in redo], concurrency)
+            more, again = self.driver.run([self.op(command, s) for s in redo])
             wall += more
             plugin += self.driver.cpu
             for i, result in zip(failed, again):
