@@ -11,7 +11,8 @@ test; only the namespace it was started in differs.
 
 Protocol (one JSON document per line): the bench writes ``{"ops": [op, ...],
 "concurrency": C}`` on the driver's stdin, where an op is ``{"argv", "env",
-"stdin"}``; the driver runs the ops ``C`` at a time and answers
+"stdin"}`` and optionally ``"timeout"`` (seconds, else ``OP_TIMEOUT``; a run
+killed at it answers code -1); the driver runs the ops ``C`` at a time and answers
 ``{"wall": seconds, "cpu": seconds, "results": [{"code", "stdout", "stderr",
 "seconds"}, ...]}`` on its stdout, results in the order of the ops; ``cpu`` is
 the CPU time of the plugin processes of the batch. End of stdin ends the driver.
@@ -41,9 +42,16 @@ class DriverError(Exception):
 def execute(op):
     """Run one plugin exec; return its result with the seconds it took."""
     stdin = op.get('stdin', '').encode()
+    timeout = op.get('timeout') or OP_TIMEOUT
     started = time.perf_counter()
-    proc = subprocess.run(op['argv'], env=op['env'], input=stdin, capture_output=True,
-                          timeout=OP_TIMEOUT)
+    try:
+        proc = subprocess.run(op['argv'], env=op['env'], input=stdin, capture_output=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        # One slow plugin is a failed operation, not a dead driver: the bench says which.
+        return {'code': -1, 'seconds': time.perf_counter() - started,
+                'stdout': (exc.stdout or b'').decode('utf-8', 'replace'),
+                'stderr': 'killed by the driver after %d s' % timeout}
     seconds = time.perf_counter() - started
     return {'code': proc.returncode, 'seconds': seconds,
             'stdout': proc.stdout.decode('utf-8', 'replace'),

@@ -73,7 +73,10 @@ def upstream_figures(raw):
     if 'skipped' in raw or 'failed' in raw:
         return dict(raw)
     out = {'concurrency': raw['concurrency'], 'ping': raw['ping'],
-           'clean': not raw['leftovers'], 'leftovers': raw['leftovers']}
+           'clean': not raw['leftovers'], 'leftovers': raw['leftovers'],
+           'load': raw.get('load', {}), 'partial': raw.get('partial'),
+           'retried': {phase: len(ops) for phase, ops in raw.get('retried', {}).items()},
+           'daemon_errors': raw.get('daemon_errors', {})}
     for key in ('serial_add', 'serial_del'):
         entry = {name: stats.latency_ms(samples) for name, samples in raw[key].items()}
         entry['ratio'] = stats.ratio(entry[KURYR]['median'], entry[UPSTREAM]['median'])
@@ -197,36 +200,46 @@ def upstream_table(up):
     if 'skipped' in up or 'failed' in up:
         return ['kuryr-daemon 10.0.0 %s' % ('skipped: ' + up['skipped'] if 'skipped' in up
                                             else 'FAILED: ' + up['failed'])]
+    load = up.get('load', {})
     rows = [('against kuryr-daemon 10.0.0', 'kuryr-cni', 'reference', 'kuryr-daemon',
-             'ratio')]
+             'ratio', 'load')]
     for key, title in (('serial_add', 'serial ADD'), ('serial_del', 'serial DEL')):
         entry = up[key + '_ms']
         for q in ('median', 'p90'):
             rows.append(('%s, %s (ms)' % (title, q), entry[KURYR][q],
                          entry.get(REFERENCE, {}).get(q), entry[UPSTREAM][q],
-                         entry['ratio'] if q == 'median' else None))
+                         entry['ratio'] if q == 'median' else None, load.get(key)))
     for command in ('add', 'del'):
         rates = up[command + '_ops_per_s']
         rows.append(('%s throughput, concurrency %s (ops/s)' % (command.upper(),
                                                                 up['concurrency']),
-                     rates[KURYR], rates.get(REFERENCE), rates[UPSTREAM], rates['ratio']))
+                     rates[KURYR], rates.get(REFERENCE), rates[UPSTREAM], rates['ratio'],
+                     load.get('throughput')))
         cpu = up[command + '_cpu_ms']
         rows.append(('%s CPU per op, total (ms)' % command.upper(), cpu[KURYR]['total'],
                      cpu.get(REFERENCE, {}).get('total'), cpu[UPSTREAM]['total'],
-                     cpu['ratio']))
+                     cpu['ratio'], None))
         for part, title in (('plugin', 'the executable the runtime runs'),
                             ('service_user', 'the daemon in user space'),
                             ('service_sys', 'the daemon in the kernel')):
             rows.append(('  %s (ms)' % title, cpu[KURYR][part],
                          cpu.get(REFERENCE, {}).get(part) if part == 'plugin' else None,
-                         cpu[UPSTREAM][part], None))
+                         cpu[UPSTREAM][part], None, None))
     for count, entry in up['pss_mib'].items():
         title = 'idle' if count == 'idle' else '%s pods attached' % count
         rows.append(('daemon PSS, %s (MiB)' % title, entry[KURYR], None, entry[UPSTREAM],
-                     entry['ratio']))
+                     entry['ratio'],
+                     load.get('pss_idle' if count == 'idle' else 'pss_%s_%s' % (count,
+                                                                                UPSTREAM))))
     lines = _columns(rows)
-    lines.append('(ratio: kuryr-cni / kuryr-daemon; kuryr-daemon left after its DELs: %s)'
+    lines.append('(ratio: kuryr-cni / kuryr-daemon; load: 1-minute load average after the '
+                 'figure; kuryr-daemon left after its DELs: %s)'
                  % ({k: len(v) for k, v in up['leftovers'].items()} or 'nothing'))
+    lines.append('(kuryr-daemon operations failed and retried, by phase: %s; exceptions in '
+                 'its log: %s)' % (up.get('retried') or 'none', up.get('daemon_errors') or 'none'))
+    if up.get('partial'):
+        lines.append('(kuryr-daemon\'s attach budget ran out: %(reached)d of %(wanted)d pods)'
+                     % up['partial'])
     return lines
 
 

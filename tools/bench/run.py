@@ -28,6 +28,7 @@ from tools.bench import upstream
 from tools.bench import workload
 
 EXTRA_WORKERS = 2
+ATTACH_CHUNK = 25       # kuryr-daemon's pods attached per batch (the budget is checked between)
 
 
 @dataclasses.dataclass
@@ -44,6 +45,8 @@ class Options:
     kuryr_daemon_pods: int = 50             # per throughput batch, at the highest concurrency
     kuryr_daemon_serial: int = 10           # serial ADDs and DELs
     kuryr_daemon_memory_pods: tuple = (50,)  # pods attached for each PSS figure
+    kuryr_daemon_attach_concurrency: int = 10   # its pods attached for PSS, this many at once
+    kuryr_daemon_attach_budget: int = 3600      # seconds its attaching may take in all
 
 
 def run(options, log):
@@ -146,10 +149,11 @@ def _against_kuryr_daemon(stack, systems, kuryr, options, log):
     ``workers + 2`` workers: it is set back to ``workers`` first. Serial operations and the
     throughput batch are interleaved with the other systems as everywhere
     (each with fresh sandboxes of the same pod indexes); the memory figures
-    attach each count of pods to kuryr-cni and to kuryr-daemon in turn (only
-    one system's pods attached at a time) and read both daemons' PSS.
-    Returns the raw measurements, or ``{'skipped': why}`` or ``{'failed': why}``
-    (the other systems' figures are kept either way).
+    attach each count of pods to kuryr-daemon and then to kuryr-cni (only
+    one system's pods attached at a time) and read both daemons' PSS
+    (:func:`_upstream_memory`). Returns the raw measurements, or ``{'skipped':
+    why}``, or ``{'failed': why, 'measured': what was measured before}`` (the
+    other systems' figures are kept either way).
     """
     missing = upstream.missing()
     if missing:
@@ -158,19 +162,28 @@ def _against_kuryr_daemon(stack, systems, kuryr, options, log):
     log('Starting kuryr-daemon 10.0.0 on a test host')
     upstream_system = upstream.KuryrDaemonSystem()
     stack.callback(upstream_system.close)
+    out = {}
     try:
-        return _upstream_phase(upstream_system, systems, kuryr, options, log)
+        _upstream_phase(upstream_system, systems, kuryr, options, log, out)
+        return out
     except (systems_mod.BenchError, driver_mod.DriverError) as exc:
-        # Under heavy load its kuryr-cni can outlast the driver's timeout: the
-        # figures of the other systems are kept, and the failure is reported.
+        # The figures of the other systems are kept, and the failure (with the
+        # tail of kuryr-daemon's log) is reported.
         log('kuryr-daemon phase failed: %s' % exc)
-        return {'failed': str(exc)[:2000]}
+        out['retried'] = dict(out.get('retried', {}), failed=upstream_system.take_failures())
+        out['daemon_errors'] = upstream_system.daemon_errors()
+        return {'failed': str(exc)[:8000], 'measured': out}
 
 
-def _upstream_phase(upstream_system, systems, kuryr, options, log):
+def _load():
+    """The machine's 1-minute load average now: every kuryr-daemon figure carries one."""
+    return round(os.getloadavg()[0], 1)
+
+
+def _upstream_phase(upstream_system, systems, kuryr, options, log, out):
     kuryr.restart_daemon(options.workers)
-    out = {'pss_idle': memory.daemon_pss(upstream_system.session),
-           'kuryr_pss_idle': memory.daemon_pss(kuryr.host)}
+    out.update(pss_idle=memory.daemon_pss(upstream_system.session),
+               kuryr_pss_idle=memory.daemon_pss(kuryr.host), load={'pss_idle': _load()}, retried={})
     every = list(systems) + [upstream_system]
     generation = itertools.count(2000)
 
@@ -178,32 +191,83 @@ def _upstream_phase(upstream_system, systems, kuryr, options, log):
         gen = next(generation)
         return {s.name: s.sandboxes(indexes, gen) for s in every}
 
-    log('kuryr-daemon: serial ADD and DEL of %d pods, beside the others'
-        % options.kuryr_daemon_serial)
+    log('kuryr-daemon: serial ADD and DEL of %d pods, beside the others (load %s)'
+        % (options.kuryr_daemon_serial, _load()))
     sandboxes = fresh(range(options.kuryr_daemon_serial))
     out['serial_add'] = workload.serial(every, 'ADD', sandboxes)
+    out['load']['serial_add'] = _load()
+    out['retried']['serial_add'] = upstream_system.take_failures()
     out['ping'] = upstream_system.host.ping(sandboxes[upstream_system.name][0].netns,
                                             upstream_system.gateway())
     out['serial_del'] = workload.serial(every, 'DEL', sandboxes)
+    out['load']['serial_del'] = _load()
+    out['retried']['serial_del'] = upstream_system.take_failures()
     top = max(options.concurrency)
-    log('kuryr-daemon: ADD then DEL of %d pods at concurrency %d, beside the others'
-        % (options.kuryr_daemon_pods, top))
+    log('kuryr-daemon: ADD then DEL of %d pods at concurrency %d, beside the others (load %s)'
+        % (options.kuryr_daemon_pods, top, _load()))
     out['throughput'] = workload.throughput(
         every, lambda: fresh(range(options.kuryr_daemon_pods)), top, 1)
+    out['load']['throughput'] = _load()
+    out['retried']['throughput'] = upstream_system.take_failures()
     out['concurrency'] = top
-    out['pss_attached'] = {}
-    first = options.pods + options.memory_pods
-    for count in options.kuryr_daemon_memory_pods:
-        indexes = range(first, first + count)
-        for system, session in ((kuryr, kuryr.host), (upstream_system, upstream_system.session)):
-            log('%s: attaching %d pods for its PSS' % (system.label, count))
-            attached = {system.name: system.sandboxes(indexes, next(generation))}
-            workload.attach_many([system], attached, 'ADD', top)
-            out['pss_attached'].setdefault(str(count), {})[system.name] = \
-                memory.daemon_pss(session)
-            workload.attach_many([system], attached, 'DEL', top)
     out['leftovers'] = upstream_system.leftovers()
-    return out
+    _upstream_memory(upstream_system, kuryr, options, log, generation, out)
+    out['retried']['attach'] = upstream_system.take_failures()
+    out['daemon_errors'] = upstream_system.daemon_errors()
+
+
+def _upstream_memory(upstream_system, kuryr, options, log, generation, out):
+    """PSS of both daemons with each count of pods attached, one system's pods at a time.
+
+    kuryr-daemon first, its pods attached in chunks at
+    ``kuryr_daemon_attach_concurrency``, growing to each count in turn (no DEL
+    between counts), until ``kuryr_daemon_attach_budget`` seconds are spent: a
+    count it did not reach is measured at the count it did reach
+    (``partial``). Its pods stay until its test host goes (their DELs measure
+    nothing and cost seconds of CPU each). Then kuryr-cni, grown to the very
+    counts kuryr-daemon was measured at, its pods deleted after. Writes into ``out``.
+    """
+    first = options.pods + options.memory_pods
+    out.update(pss_attached={}, attach={})
+    measured = []
+    deadline = time.monotonic() + options.kuryr_daemon_attach_budget
+    attached = 0
+    for count in options.kuryr_daemon_memory_pods:
+        while attached < count and time.monotonic() < deadline:
+            step = min(count - attached, ATTACH_CHUNK)
+            log('%s: attaching pods %d to %d of %d for its PSS, concurrency %d (load %s)'
+                % (upstream_system.label, attached + 1, attached + step, count,
+                   options.kuryr_daemon_attach_concurrency, _load()))
+            part = {upstream_system.name: upstream_system.sandboxes(
+                range(first + attached, first + attached + step), next(generation))}
+            wall = workload.batch([upstream_system], 'ADD', part,
+                                  options.kuryr_daemon_attach_concurrency)
+            out['attach'].setdefault(str(count), []).append(
+                {'pods': step, 'wall': round(wall[upstream_system.name], 1), 'load': _load()})
+            attached += step
+        if attached == 0:
+            break
+        key = str(attached)
+        out['pss_attached'][key] = {upstream_system.name: memory.daemon_pss(
+            upstream_system.session)}
+        out['load']['pss_%s_%s' % (key, upstream_system.name)] = _load()
+        measured.append(attached)
+        if attached < count:
+            log('%s: attach budget of %d s spent at %d of %d pods'
+                % (upstream_system.label, options.kuryr_daemon_attach_budget, attached, count))
+            out['partial'] = {'wanted': count, 'reached': attached}
+            break
+    top = max(options.concurrency)
+    sandboxes = []
+    for count in measured:
+        log('%s: attaching up to %d pods for its PSS' % (kuryr.label, count))
+        more = kuryr.sandboxes(range(first + len(sandboxes), first + count), next(generation))
+        workload.attach_many([kuryr], {kuryr.name: more}, 'ADD', top)
+        sandboxes += more
+        out['pss_attached'][str(count)][kuryr.name] = memory.daemon_pss(kuryr.host)
+        out['load']['pss_%d_%s' % (count, kuryr.name)] = _load()
+    if sandboxes:
+        workload.attach_many([kuryr], {kuryr.name: sandboxes}, 'DEL', top)
 
 
 def _compare_workers(kuryr, options, log):

@@ -100,6 +100,7 @@ class System:
 
     name = None
     label = None
+    op_timeout = None       # seconds a plugin run may take; None: the driver's OP_TIMEOUT
 
     def __init__(self, host, plugin, netconf, cni_path):
         self.host = host
@@ -144,7 +145,10 @@ class System:
                        CNI_IFNAME=sandbox.ifname, CNI_ARGS=sandbox.cni_args())
             if command == 'DEL' and sandbox.container_id in self.cache:
                 config['prevResult'] = self.cache[sandbox.container_id]
-        return {'argv': [self.plugin], 'env': env, 'stdin': json.dumps(config)}
+        op = {'argv': [self.plugin], 'env': env, 'stdin': json.dumps(config)}
+        if self.op_timeout:
+            op['timeout'] = self.op_timeout
+        return op
 
     def run(self, command, sandboxes, concurrency=1):
         """Run ``command`` for every sandbox; returns ``(wall, [seconds])``.
