@@ -244,8 +244,7 @@ def delete_vanished(ownership):
                     'DEL', VANISHED_CNI_VERSION, attachment.network, cid, None,
                     attachment.ifname, cni_request.PodRef(namespace, name, sandbox.uid), {})
                 try:
-                    outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT,
-                                               vifs_known=True)
+                    outcome = ownership.delete(req, time.monotonic() + REPLAY_TIMEOUT)
                 except errors.CNIError as exc:
                     LOG.warning('DEL of sandbox %s of pod %s, whose namespace %s is gone, '
                                 'failed: %s', cid, pod_key, path, _describe(exc))
