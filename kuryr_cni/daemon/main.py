@@ -43,7 +43,6 @@ from kuryr_cni.daemon import health
 from kuryr_cni.daemon import listener
 from kuryr_cni.daemon import manager_guard
 from kuryr_cni.daemon import privileges
-from kuryr_cni.daemon import recovery
 from kuryr_cni.daemon import sdnotify
 
 LOG = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ def run(conf):
     guard = manager_guard.ManagerGuard(registry.status.server_pid())
     try:
         services = import_services()
-        _recover(conf, registry, services.worker)
+        _recover(conf, registry, services)
         cni_sock = listener.open_unix(opts.socket)
         health_sock = listener.open_tcp(conf.health.host, conf.health.port)
         metrics_sock = listener.open_tcp(conf.prometheus.host, conf.prometheus.port)
@@ -277,9 +276,10 @@ def _freeze_heap():
     gc.freeze()
 
 
-# The services' modules, imported once the registry Manager is forked: with
-# them come pyroute2 (~10 MiB) and the Kubernetes client (~40 MiB).
-SERVICE_MODULES = ('watcher', 'worker', 'ops')
+# The services' modules, and start-up recovery's (it reaches the rules), imported once
+# the registry Manager is forked: with them come pyroute2 (~10 MiB) and the Kubernetes
+# client (~40 MiB).
+SERVICE_MODULES = ('watcher', 'worker', 'ops', 'recovery')
 # What the dropped processes import after their drop, imported here in the
 # parent instead, so that the children share their pages: the daemon's
 # virtualenv need not be readable by the unprivileged user either (tox's .tox/
@@ -295,7 +295,7 @@ NOT_IMPORTED = ('kubernetes_validate',)
 
 
 def import_services():
-    """The watcher, worker and ops modules, by name (a namespace), imported now."""
+    """:data:`SERVICE_MODULES`, by name (a namespace), imported now."""
     for module in NOT_IMPORTED:
         sys.modules.setdefault(module, None)      # import raises ImportError
     for module in IMPORTED_BEFORE_THE_FORK:
@@ -304,10 +304,10 @@ def import_services():
         name: importlib.import_module('kuryr_cni.daemon.' + name) for name in SERVICE_MODULES})
 
 
-def _recover(conf, registry, worker):
-    ownership = worker.build_ownership(conf, registry)
-    recovery.restore(ownership, state.DelQueue(conf.cni_daemon.state_dir),
-                     ownership.locks.directory)
+def _recover(conf, registry, services):
+    ownership = services.worker.build_ownership(conf, registry)
+    services.recovery.restore(ownership, state.DelQueue(conf.cni_daemon.state_dir),
+                              ownership.locks.directory)
 
 
 def _drop(role, unprivileged):
