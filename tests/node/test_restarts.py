@@ -8,11 +8,20 @@ import time
 import pytest
 
 from tests import pace
+from tests import wait
 from tests.functional import helpers
 from tests.node.checks import assert_connected, delta, host_sandboxes, requests
 
 # recovery.replay_queue's line for each queued DEL it applied.
 REPLAYED = re.compile(r'Replayed queued DEL (\S+) for (\S+): (\w+)')
+
+
+def _wait_queue_replayed(node):
+    """The DEL queue emptied. A DEL of a sandbox with a binding is replayed before the
+    socket opens; one without (kubelet's DELs of earlier tests' sandboxes, or the
+    owner's second DEL) waits for the pods' list, which alone could prove kuryr-daemon's
+    devices of it, and is applied by housekeeping's next round (every 2 s) after it."""
+    wait.until(lambda: node.queued_dels() == [], 60, 'the DEL queue to be replayed')
 
 
 def test_the_daemon_restarted_while_pods_run_and_go(node, controller, pods):
@@ -39,9 +48,9 @@ def test_the_daemon_restarted_while_pods_run_and_go(node, controller, pods):
 
     log_start = len(node.daemon_log())
     node.start_daemon()
-    assert node.queued_dels() == []
-    # Replayed before the socket opened (a DEL kubelet sent after the snapshot above is
-    # one more): the first unplugged r-3, the others found nothing left.
+    _wait_queue_replayed(node)
+    # Replayed (a DEL kubelet sent after the snapshot above is one more): the first
+    # unplugged r-3, the others found nothing left.
     replayed = REPLAYED.findall(node.daemon_log()[log_start:])
     assert set(queued) <= {os.path.basename(path) for path, _, _ in replayed}, replayed
     outcomes = sorted(outcome for _, cid, outcome in replayed if cid == sandboxes['r-3'])
@@ -81,7 +90,7 @@ def test_the_daemon_killed_while_kubelet_deletes_a_pod(node, controller, pods):
     assert_connected(node, controller, running['k-2'])
 
     node.start_daemon()
-    assert node.queued_dels() == []
+    _wait_queue_replayed(node)
     assert helpers.metric(node, 'kuryr_cni_queued_del_replayed_total') >= len(queued)
     assert helpers.metric(node, 'kuryr_cni_attachments') == 1
     assert helpers.binding(node, 'default/k-1') is None
