@@ -10,7 +10,9 @@ then again as one burst (all created at once). ``node``: the node tier's node
 once with the kuryr-cni daemon (and the tier's stand-in for kuryr-controller
 and Neutron) and once with the reference plugins (Debian's ``bridge`` +
 ``host-local``), alternating, in the same run (:mod:`tests.node.bench`
-switches the plugin). ``gate``: the gate topology (:mod:`tests.gate.conftest`:
+switches the plugin); kuryr-cni's pods with the stand-in's steps (KuryrPort
+written, plug seen, KuryrPort active) from its own clock, so that what the
+stand-in control plane costs is told from what the daemon and kubelet do. ``gate``: the gate topology (:mod:`tests.gate.conftest`:
 the real kube-apiserver, kuryr-controller, Neutron ML2/OVN and the node tier's
 node), with each pod's steps (Neutron port created, KuryrPort written,
 plugged, ACTIVE, KuryrPort active) timed by polling them; kuryr-cni only, or
@@ -158,6 +160,73 @@ def load():
     return [round(n, 2) for n in os.getloadavg()]
 
 
+# Each pod's steps ------------------------------------------------------------------------
+
+class Steps:
+    """Each pod's steps, in seconds after its creation request, summarised with its
+    start (``Running``) and the share of it after the last step of the control plane's:
+    the daemon's and kubelet's. Subclasses say when each step of :attr:`STEPS` was
+    seen (:meth:`_seen`); :meth:`start` wraps ``pods.create``, :meth:`stop` unwraps it."""
+
+    STEPS = ()
+    LAST = None         # the control plane's last step before the ADD may answer
+
+    def __init__(self, pods, clock):
+        self.pods = pods
+        self.clock = clock
+        self.sent = {}          # name -> (uid, monotonic)
+
+    def start(self):
+        original = self.pods.create
+
+        def create(name, **kwargs):
+            at = time.monotonic()
+            pod = original(name, **kwargs)
+            self.sent[name] = (pod['metadata']['uid'], at)
+            return pod
+        self.pods.create = create
+
+    def stop(self):
+        del self.pods.create
+        at = self._seen()
+        steps = {step: summary([seen[step] for seen in at.values() if step in seen])
+                 for step in self.STEPS}
+        running = {name: self.clock.running[uid] - sent
+                   for name, (uid, sent) in self.sent.items() if uid in self.clock.running}
+        steps['Running'] = summary(list(running.values()))
+        for step in ('plugged', self.LAST):
+            steps['%s → Running' % step] = summary([
+                running[name] - seen[step] for name, seen in at.items()
+                if name in running and step in seen])
+        self.sent = {}
+        return steps
+
+    def _seen(self):
+        raise NotImplementedError
+
+
+class NodeSteps(Steps):
+    """The node tier's stand-in control plane's steps (:class:`tests.node.controller.
+    Controller`'s own clock, which shares this process's): its KuryrPort written, the
+    plug seen by its Neutron half, the KuryrPort marked active."""
+
+    STEPS = ('KuryrPort written', 'plugged', 'KuryrPort active')
+    LAST = 'KuryrPort active'
+
+    def __init__(self, controller, pods, clock):
+        super().__init__(pods, clock)
+        self.controller = controller
+
+    def _seen(self):
+        at = {}
+        for name, (uid, sent) in self.sent.items():
+            port = self.controller.ports.get(uid)
+            stamps = (port.written_at, port.plugged_seen, port.activated) if port else ()
+            at[name] = {step: stamp - sent for step, stamp in zip(self.STEPS, stamps)
+                        if stamp is not None}
+        return at
+
+
 # The node tier ---------------------------------------------------------------------------
 
 def node_tier(args):
@@ -185,11 +254,13 @@ def node_tier(args):
                         for plugin in order:
                             playing = (kcontroller.Controller(cluster, node)
                                        if plugin == 'kuryr-cni' else None)
+                            observer = (NodeSteps(playing, pods, clock)
+                                        if playing is not None else None)
                             try:
                                 bench.use(node, plugin)
                                 bench.probe(pods, node, plugin)
                                 bench.settle(SETTLE_TIMEOUT)
-                                run_shape(pods, clock, shape, args.pods, rate,
+                                run_shape(pods, clock, shape, args.pods, rate, observer,
                                           report=reporter(results, plugin, shape))
                             finally:
                                 if playing is not None:
@@ -206,30 +277,24 @@ def node_tier(args):
 STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active')
 
 
-class StepObserver:
-    """Each pod's kuryr-controller and daemon steps, polled, in seconds after its
-    creation request (as :mod:`tests.openstack.steps` does for one pod); a step is
-    seen up to a round (:data:`API_POLL` plus the listings' own time) late."""
+class StepObserver(Steps):
+    """The gate's steps (:data:`STEPS`), polled (as :mod:`tests.openstack.steps` does for
+    one pod); a step is seen up to a round (:data:`API_POLL` plus the listings' own time)
+    late."""
+
+    STEPS = STEPS
+    LAST = 'KuryrPort written'
 
     def __init__(self, stack, pods, clock):
+        super().__init__(pods, clock)
         self.stack = stack
-        self.pods = pods
-        self.clock = clock
-        self.sent = {}          # name -> (uid, monotonic)
         self.at = {}            # name -> {step: seconds}
 
     def start(self):
+        super().start()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
-        original = self.pods.create
-
-        def create(name, **kwargs):
-            at = time.monotonic()
-            pod = original(name, **kwargs)
-            self.sent[name] = (pod['metadata']['uid'], at)
-            return pod
-        self.pods.create = create
 
     def _poll(self):
         # One listing of each system a round, whatever the number of pods: polled one
@@ -263,29 +328,15 @@ class StepObserver:
                     at.setdefault('ACTIVE', now)
             self._stop.wait(API_POLL)
 
-    def stop(self):
+    def _seen(self):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(
                 len(self.at.get(name, ())) < len(STEPS) for name in self.sent):
             time.sleep(API_POLL)
         self._stop.set()
         self._thread.join(30)
-        del self.pods.create
-        steps = {step: summary([at[step] for at in self.at.values() if step in at])
-                 for step in STEPS}
-        # The step from the last of kuryr-controller's to the pod running: the daemon's
-        # and kubelet's share, from the ports written to the watch seeing it run.
-        running = {name: self.clock.running[uid] - sent
-                   for name, (uid, sent) in self.sent.items() if uid in self.clock.running}
-        steps['Running'] = summary(list(running.values()))
-        steps['KuryrPort written → Running'] = summary([
-            running[name] - at['KuryrPort written'] for name, at in self.at.items()
-            if name in running and 'KuryrPort written' in at])
-        steps['plugged → Running'] = summary([
-            running[name] - at['plugged'] for name, at in self.at.items()
-            if name in running and 'plugged' in at])
-        self.sent, self.at = {}, {}
-        return steps
+        at, self.at = self.at, {}
+        return at
 
 
 def gate_tier(args):

@@ -68,7 +68,9 @@ class Port:
         self.port_id = str(uuid.uuid4())
         self.created = time.monotonic()
         self.written = None         # the future of the KuryrPort's creation
+        self.written_at = None      # time.monotonic() once it is created
         self.activating = False
+        self.plugged_seen = None    # time.monotonic() when its host side was seen
         self.activated = None       # time.monotonic() when marked active
 
     def vifs(self, active):
@@ -206,6 +208,7 @@ class Controller:
                     if gone.status != 404:
                         raise
                 create()
+            port.written_at = time.monotonic()
         except Exception as exc:
             self.errors.append(repr(exc))
             raise
@@ -271,8 +274,10 @@ class Controller:
                         listed = time.monotonic()
                     if waiting:
                         for mac in self._pod_end_macs(node_side) & set(waiting):
-                            waiting[mac].activating = True
-                            self._activating.submit(self._activate, waiting[mac])
+                            port = waiting[mac]
+                            port.activating = True
+                            port.plugged_seen = port.plugged_seen or time.monotonic()
+                            self._activating.submit(self._activate, port)
                     if select.select([changes], [], [], RESCAN)[0] and \
                             not self._follow_changes(changes, bridge):
                         listed = None
