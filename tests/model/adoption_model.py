@@ -19,6 +19,10 @@ Workers and their plans, decided (as the code does) once the lock is held:
   ``tag_foreign``, then the owner's DEL (``disconnect``: ``Finder.release``,
   ``remove``, ``release_remove``); an orphan → ``discard_orphan``; the binding
   K (a retry after a crash) → the owner's DEL; the binding N → a stale DEL.
+  Before the watcher has listed the pods since the start, no binding → the
+  lock only, and the DEL fails with code 11 (:meth:`CNIApp._delete`, which waits
+  for the list until its deadline: a wait that ends in the list is the runtime's
+  retry after it); the runtime sends it again.
 * ``ADD N`` (:meth:`Ownership.add`): :meth:`Adopter.evict_foreign` (``evict_foreign``
   of the proven port), the claim (``save``), ``connect``, ``save_fast``; an
   adopted K is evicted as our own older sandbox (``disconnect``).
@@ -56,6 +60,8 @@ import typing
 from tests.model import protocol
 
 SAVE = [('adopt_record', i) for i in range(len(protocol.STEPS['adopt_record'][1]))]
+# This model's steps that make no durable call, by the code that takes them.
+OWN_STEPS = {'try_again': 'CNIApp._delete', 'deferred': 'replay_queue'}
 
 
 class St(typing.NamedTuple):
@@ -88,6 +94,7 @@ class Bounds:
     evict_at_add: bool = True   # Ownership.add calls Adopter.evict_foreign
     fence_at_adoption: bool = True  # Adopter._adopt asks the address fence first
     defer_until_listed: bool = True  # replay_queue keeps DEL K until the pods are listed
+    fail_until_listed: bool = True   # a live DEL K fails until the pods are listed
 
 
 def initial(bounds):
@@ -104,9 +111,13 @@ def _plan(st, name, bounds):
     if name == 'replay K':
         if st.binding == '' and not st.listed and bounds.defer_until_listed:
             return [('release_remove', 0), ('deferred', 0)]
-        return [s for s in _plan(st, 'DEL K', bounds) if s[0] != 'answer'] + [('done', 0)]
+        # Not the runtime's request: what it does is applied, or stays queued (above).
+        own = dataclasses.replace(bounds, fail_until_listed=False)
+        return [s for s in _plan(st, 'DEL K', own) if s[0] != 'answer'] + [('done', 0)]
     if name == 'DEL K':
         if st.binding == '':
+            if not st.listed and bounds.fail_until_listed:
+                return [('release_remove', 0), ('try_again', 0)]
             if st.port == 'untagged' and not st.listed:
                 return [('release_remove', 0)] + hold_done      # no VIF: nothing proven
             if st.port == 'untagged' and st.pod_end and refused:
@@ -155,6 +166,8 @@ def _apply(st, name, step):
         return st._replace(queued=False)
     if what == 'deferred':
         return st
+    if what == 'try_again':                 # code 11: the runtime will send it again
+        return st._replace(del_k='todo')
     if what == 'connect':
         return st._replace(ours=True)
     if what == 'remove':
@@ -176,7 +189,7 @@ def successors(st, bounds):
         name, plan = st.worker
         step, rest = plan[0], plan[1:]
         nxt = _apply(st, name, step)
-        code = protocol.STEPS.get(step[0], ('Housekeeper.tick',))[0]
+        code = protocol.STEPS.get(step[0], (OWN_STEPS.get(step[0], 'Housekeeper.tick'),))[0]
         out.append(('%s: %s (%s)' % (name, step[0], code),
                     nxt._replace(worker=(name, rest) if rest else ())))
         if st.crashes:
@@ -185,8 +198,9 @@ def successors(st, bounds):
                         st._replace(worker=(), crashes=st.crashes - 1)))
     else:
         # A request or the scan takes the lock (hold: open, flock) and decides.
-        # Requests once the pods are listed: the model's daemon opens its socket then.
-        if st.del_k in ('todo', 'sent') and st.listed:
+        # The socket opens before the watcher's list, so a DEL may come first; an
+        # ADD waits for its pod's VIFs, which only the list brings.
+        if st.del_k in ('todo', 'sent'):
             out.append(('runtime DEL K', _start(st, 'DEL K', bounds)._replace(del_k='sent')))
         if st.add_n in ('no', 'sent') and st.listed:
             out.append(('runtime ADD N', _start(st, 'ADD N', bounds)._replace(add_n='sent')))

@@ -48,3 +48,11 @@ def test_a_queued_del_replayed_before_the_pods_are_listed_leaves_the_port():
     result = model.explore(model.Bounds(add_n=False, defer_until_listed=False))
     assert result.violation.startswith("after K's DEL answered and recovery, left: K's port"), \
         result.violation
+
+
+def test_a_live_del_answered_before_the_pods_are_listed_leaves_the_port():
+    # The daemon's socket opens before the watcher's first list: a DEL that answered
+    # success then, proving nothing, would leave kuryr-daemon's port for good.
+    result = model.explore(model.Bounds(add_n=False, fail_until_listed=False))
+    assert result.violation.startswith("after K's DEL answered and recovery, left: K's port"), \
+        result.violation
