@@ -12,9 +12,10 @@ and Neutron) and once with the reference plugins (Debian's ``bridge`` +
 ``host-local``), alternating, in the same run (:mod:`tests.node.bench`
 switches the plugin); kuryr-cni's pods with the stand-in's steps (KuryrPort
 written, plug seen, KuryrPort active) from its own clock, so that what the
-stand-in control plane costs is told from what the daemon and kubelet do. ``gate``: the gate topology (:mod:`tests.gate.conftest`:
-the real kube-apiserver, kuryr-controller, Neutron ML2/OVN and the node tier's
-node), with each pod's steps (Neutron port created, KuryrPort written,
+stand-in control plane costs is told from what the daemon and kubelet do.
+``gate``: the gate topology (:mod:`tests.gate.conftest`: the real
+kube-apiserver, kuryr-controller, Neutron ML2/OVN and the node tier's node),
+with each pod's steps (Neutron port created, KuryrPort written,
 plugged, ACTIVE, KuryrPort active) timed by polling them; kuryr-cni only, or
 with ``--kuryr-daemon`` each shape run by kuryr-cni and by kuryr-daemon
 10.0.0 (``tools/openstack build-kuryr-daemon``), alternating, both behind the
