@@ -53,7 +53,7 @@ class StandInNeutron:
         self.ovn_installed = ovn_installed
         self.activate = activate
         self.activations = {}        # port id -> time.monotonic() when marked active
-        self.installations = {}      # port id -> time.monotonic() when ovn-installed was set
+        self.installations = {}      # port id -> time.monotonic() as ovn-installed was set
         self._installed = set()      # names of the Interfaces it was set on
         self._served = {}            # (namespace, name) -> 'kuryrport' | 'annotation'
         self._lock = threading.Lock()
@@ -132,9 +132,12 @@ class StandInNeutron:
                 continue
             for name in self._ovs_interface(vif.port_id).split():
                 if name not in self._installed:
+                    # Stamped before the write: the daemon may see the key and answer
+                    # before vsctl returns here.
+                    at = time.monotonic()
                     self.ovs.vsctl('set', 'Interface', name, 'external_ids:ovn-installed=true')
                     self._installed.add(name)
-                    self.installations.setdefault(vif.port_id, time.monotonic())
+                    self.installations.setdefault(vif.port_id, at)
 
     # What Neutron would see ----------------------------------------------------------
 
