@@ -278,7 +278,7 @@ def node_tier(args):
 STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active')
 
 
-class StepObserver(Steps):
+class GateSteps(Steps):
     """The gate's steps (:data:`STEPS`), polled (as :mod:`tests.openstack.steps` does for
     one pod); a step is seen up to a round (:data:`API_POLL` plus the listings' own time)
     late."""
@@ -380,7 +380,7 @@ def gate_tier(args):
                                 if upstream:
                                     upstream.use(system == 'kuryr-daemon', pods)
                                 run_shape(pods, clock, shape, args.pods, rate,
-                                          StepObserver(stack, pods, clock),
+                                          GateSteps(stack, pods, clock),
                                           reporter(results, system, shape))
                     except BaseException:
                         if upstream and upstream.in_use:
