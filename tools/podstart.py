@@ -275,15 +275,12 @@ def node_tier(args):
 
 # The gate topology -----------------------------------------------------------------------
 
-STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active')
-
-
 class GateSteps(Steps):
-    """The gate's steps (:data:`STEPS`), polled (as :mod:`tests.openstack.steps` does for
+    """The gate's steps, polled (as :mod:`tests.openstack.steps` does for
     one pod); a step is seen up to a round (:data:`API_POLL` plus the listings' own time)
     late."""
 
-    STEPS = STEPS
+    STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active')
     LAST = 'KuryrPort written'
 
     def __init__(self, stack, pods, clock):
@@ -332,7 +329,7 @@ class GateSteps(Steps):
     def _seen(self):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and any(
-                len(self.at.get(name, ())) < len(STEPS) for name in self.sent):
+                len(self.at.get(name, ())) < len(self.STEPS) for name in self.sent):
             time.sleep(API_POLL)
         self._stop.set()
         self._thread.join(30)
