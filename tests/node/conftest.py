@@ -29,25 +29,32 @@ from tests.node import kubenode
 
 SESSION_PREFIX = 'kc-n%d' % os.getpid()
 LOG_LINES = 40          # of the daemon's log, shown with a failing test
+SLOW_LINES = 10         # of etcd's warnings and kube-apiserver's slow requests
 PROBLEM_LINES = 30      # of its warnings and errors: the tail may hold only retries
 _PROBLEM = re.compile(r' (WARNING|ERROR|CRITICAL) '
                       r'| kuryr_cni\.listwatch .*(expired|re-established|cannot list)')
+# etcd's warnings (slow fdatasync, requests that took too long) and errors;
+# kube-apiserver's slow requests are its traces' first lines.
+_SLOW = {'etcd.log': re.compile(r' [WE] \| '), 'kube-apiserver.log': re.compile(r'Trace\[\d+\]: "')}
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test, or a test whose pods were not all cleaned up after it, shows what
-    the stand-in did, the daemon's warnings and errors (and its watches' restarts),
-    and the end of the daemon's log: the node and its files are gone once the session
-    ends. They come first, before pytest's captured output, so a record that keeps
-    only the head of a failure still has them."""
+    the stand-in did, etcd's and kube-apiserver's slow requests, the daemon's warnings
+    and errors (and its watches' restarts), and the end of the daemon's log: the node
+    and its files are gone once the session ends. They come first, before pytest's
+    captured output, so a record that keeps only the head of a failure still has them."""
     report = (yield).get_result()
     if report.when == 'setup' or not report.failed:
         return
     node, playing = item.funcargs.get('node'), item.funcargs.get('controller')
+    server = item.funcargs.get('cluster')
     sections = []
     if playing is not None:
         sections.append(('the stand-in controller', playing.account()))
+    if server is not None:
+        sections.extend(_slow_requests(server))
     if node is not None and os.path.exists(node.daemon_log_path):   # gone with the session
         lines = node.daemon_log().splitlines()
         problems = [line for line in lines if _PROBLEM.search(line)][:PROBLEM_LINES]
@@ -56,6 +63,18 @@ def pytest_runtest_makereport(item, call):
         sections.append(('the daemon\'s log, last %d lines' % LOG_LINES,
                          '\n'.join(lines[-LOG_LINES:])))
     report.sections[:0] = sections
+
+
+def _slow_requests(server):
+    for name, wanted in _SLOW.items():
+        path = os.path.join(server.dir, 'logs', name)
+        if not os.path.exists(path):    # gone with the session
+            continue
+        with open(path, errors='replace') as log:
+            lines = [line.rstrip() for line in log if wanted.search(line)]
+        yield ('%s: %d slow requests or warnings, the last %d'
+               % (name, len(lines), min(len(lines), SLOW_LINES)),
+               '\n'.join(lines[-SLOW_LINES:]))
 
 
 @pytest.fixture(scope='session')

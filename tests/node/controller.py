@@ -164,6 +164,7 @@ class Controller:
                 for event in watch.Watch().stream(
                         api.list_pod_for_all_namespaces, field_selector=selector,
                         resource_version=version, timeout_seconds=WATCH_SECONDS,
+                        _request_timeout=WATCH_SECONDS * 3,     # silent past its end: again
                         deserialize=False):
                     pod = event['object']
                     version = pod['metadata']['resourceVersion']

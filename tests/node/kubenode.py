@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import time
 
+import urllib3
 from kubernetes import client
 from kubernetes import watch
 
@@ -309,6 +310,7 @@ class Pods:
         self.cluster = cluster
         self.node = node
         self.core = cluster.core
+        self.stalls = []        # when a watch of until() went silent, and was made again
 
     def create(self, name, grace=1):
         return self.cluster._json(self.core.create_namespaced_pod, 'default',
@@ -360,6 +362,8 @@ class Pods:
         Judged on a list, then again on each event of a watch from it: kubelet's
         status writes wake the test, which never polls the API server (the pods
         of a burst, listed five times a second, would load it and the machine).
+        A watch that goes silent past its own timeout is listed and made again,
+        as a reflector would, and noted in :attr:`stalls`: only the deadline fails.
         """
         return self.cluster.submit(self._follow, judge, timeout, what).result(
             timeout + WATCH_SECONDS + WATCH_SLACK)
@@ -367,20 +371,23 @@ class Pods:
     def _follow(self, judge, timeout, what):
         deadline = time.monotonic() + timeout
         selector = 'spec.nodeName=' + self.node.name
-        version = None
+        pods, version = {}, None
         while True:
-            if version is None:
-                listed = _json_of(self.core.list_namespaced_pod(
-                    'default', field_selector=selector, _preload_content=False))
-                pods = {p['metadata']['name']: p for p in listed['items']}
-                version = listed['metadata']['resourceVersion']
-            outcome = judge(pods)
-            if outcome:
-                return outcome
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError('timed out after %ss waiting for %s' % (timeout, what))
             try:
+                if version is None:
+                    listed = _json_of(self.core.list_namespaced_pod(
+                        'default', field_selector=selector, _preload_content=False,
+                        _request_timeout=WATCH_SECONDS + WATCH_SLACK))
+                    pods = {p['metadata']['name']: p for p in listed['items']}
+                    version = listed['metadata']['resourceVersion']
+                    outcome = judge(pods)
+                    if outcome:
+                        return outcome
+                if remaining <= 0:
+                    raise AssertionError('timed out after %ss waiting for %s%s' % (
+                        timeout, what,
+                        '; watches stalled at %s' % self.stalls if self.stalls else ''))
                 for event in watch.Watch().stream(
                         self.core.list_namespaced_pod, 'default', field_selector=selector,
                         resource_version=version,
@@ -402,6 +409,11 @@ class Pods:
                 version = None
             except KeyError:    # an ERROR event (expired): read with deserialize=False, the
                 version = None  # client looks for the 'raw_object' only its models have
+            except (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError):
+                if remaining <= 0:
+                    raise
+                self.stalls.append(time.strftime('%H:%M:%S'))
+                version = None
 
     def delete_all(self):
         names = [p['metadata']['name'] for p in self.on_node()]
