@@ -15,8 +15,9 @@ written, plug seen, KuryrPort active) from its own clock, so that what the
 stand-in control plane costs is told from what the daemon and kubelet do.
 ``gate``: the gate topology (:mod:`tests.gate.conftest`: the real
 kube-apiserver, kuryr-controller, Neutron ML2/OVN and the node tier's node),
-with each pod's steps (Neutron port created, KuryrPort written,
-plugged, ACTIVE, KuryrPort active) timed by polling them; kuryr-cni only, or
+with each pod's steps from the systems' own records (Neutron's port created
+and ACTIVE, the daemon's ADD received and answered; the KuryrPort written and
+active, polled: :class:`GateSteps`); kuryr-cni only, or
 with ``--kuryr-daemon`` each shape run by kuryr-cni and by kuryr-daemon
 10.0.0 (``tools/openstack build-kuryr-daemon``), alternating, both behind the
 kuryr-controller of kuryr-daemon's build.
@@ -46,6 +47,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -165,12 +167,12 @@ def load():
 
 class Steps:
     """Each pod's steps, in seconds after its creation request, summarised with its
-    start (``Running``) and the share of it after the last step of the control plane's:
-    the daemon's and kubelet's. Subclasses say when each step of :attr:`STEPS` was
-    seen (:meth:`_seen`); :meth:`start` wraps ``pods.create``, :meth:`stop` unwraps it."""
+    start (``Running``) and what is left of it after each step of :attr:`TO_RUNNING`.
+    Subclasses say when each step of :attr:`STEPS` was seen (:meth:`_seen`);
+    :meth:`start` wraps ``pods.create``, :meth:`stop` unwraps it."""
 
     STEPS = ()
-    LAST = None         # the control plane's last step before the ADD may answer
+    TO_RUNNING = ()     # steps whose "→ Running" (the rest of the pod's start) is given
 
     def __init__(self, pods, clock):
         self.pods = pods
@@ -195,7 +197,7 @@ class Steps:
         running = {name: self.clock.running[uid] - sent
                    for name, (uid, sent) in self.sent.items() if uid in self.clock.running}
         steps['Running'] = summary(list(running.values()))
-        for step in ('plugged', self.LAST):
+        for step in self.TO_RUNNING:
             steps['%s → Running' % step] = summary([
                 running[name] - seen[step] for name, seen in at.items()
                 if name in running and step in seen])
@@ -212,7 +214,7 @@ class NodeSteps(Steps):
     plug seen by its Neutron half, the KuryrPort marked active."""
 
     STEPS = ('KuryrPort written', 'plugged', 'KuryrPort active')
-    LAST = 'KuryrPort active'
+    TO_RUNNING = ('plugged', 'KuryrPort active')    # the ADD answers on active here
 
     def __init__(self, controller, pods, clock):
         super().__init__(pods, clock)
@@ -276,17 +278,21 @@ def node_tier(args):
 # The gate topology -----------------------------------------------------------------------
 
 class GateSteps(Steps):
-    """The gate's steps, polled (as :mod:`tests.openstack.steps` does for
-    one pod); a step is seen up to a round (:data:`API_POLL` plus the listings' own time)
-    late."""
+    """The gate's steps, from each system's own records where it keeps them: Neutron's
+    port timestamps (to the second), the daemon's log (to the millisecond); the
+    KuryrPort's, which keeps none, polled (up to :data:`API_POLL` and a listing late).
+    Under load a poll of Neutron's ports and ``br-int`` took seconds and saw the early
+    steps after the pod ran, which these records do not."""
 
-    STEPS = ('port created', 'KuryrPort written', 'plugged', 'ACTIVE', 'KuryrPort active')
-    LAST = 'KuryrPort written'
+    STEPS = ('port created', 'KuryrPort written', 'ADD received', 'ADD answered', 'ACTIVE',
+             'KuryrPort active')
+    TO_RUNNING = ('KuryrPort written', 'ADD answered')
 
-    def __init__(self, stack, pods, clock):
+    def __init__(self, stack, node, pods, clock):
         super().__init__(pods, clock)
         self.stack = stack
-        self.at = {}            # name -> {step: seconds}
+        self.node = node
+        self.polled = {}        # name -> {step: monotonic}
 
     def start(self):
         super().start()
@@ -295,46 +301,60 @@ class GateSteps(Steps):
         self._thread.start()
 
     def _poll(self):
-        # One listing of each system a round, whatever the number of pods: polled one
-        # pod at a time, 40 pods under load took minutes a round.
         while not self._stop.is_set():
             try:
-                ports = {p['device_id']: p for p in self.stack.neutron('GET', '/ports')['ports']}
-                vifs = {item['metadata']['name']:
-                        ((item.get('status') or {}).get('vifs', {}).get('eth0', {}).get('vif'))
-                        for item in self.stack.k8s(
-                            'GET', '/apis/openstack.org/v1/namespaces/default/kuryrports')[
-                                'items']}
-                plugged = {ids.get('iface-id') for ids in self.stack.br_int_ports().values()}
+                items = self.stack.k8s(
+                    'GET', '/apis/openstack.org/v1/namespaces/default/kuryrports')['items']
             except Exception:       # noqa: the next round reads again
-                self._stop.wait(API_POLL)
-                continue
-            for name, (uid, sent) in list(self.sent.items()):
-                at = self.at.setdefault(name, {})
-                now = time.monotonic() - sent
-                port = ports.get(uid)
-                if port is None:
-                    continue
-                at.setdefault('port created', now)
-                if vifs.get(name):
+                items = ()
+            now = time.monotonic()
+            for item in items:
+                vif = (item.get('status') or {}).get('vifs', {}).get('eth0', {}).get('vif')
+                if vif and item['metadata']['name'] in self.sent:
+                    at = self.polled.setdefault(item['metadata']['name'], {})
                     at.setdefault('KuryrPort written', now)
-                    if vifs[name]['versioned_object.data'].get('active'):
+                    if vif['versioned_object.data'].get('active'):
                         at.setdefault('KuryrPort active', now)
-                if port['id'] in plugged:
-                    at.setdefault('plugged', now)
-                if port['status'] == 'ACTIVE':
-                    at.setdefault('ACTIVE', now)
             self._stop.wait(API_POLL)
 
     def _seen(self):
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120   # active comes after Running: tens of s at p99
         while time.monotonic() < deadline and any(
-                len(self.at.get(name, ())) < len(self.STEPS) for name in self.sent):
+                len(self.polled.get(name, ())) < 2 for name in self.sent):
             time.sleep(API_POLL)
         self._stop.set()
         self._thread.join(30)
-        at, self.at = self.at, {}
+        # Wall-clock records onto this process's monotonic clock (one machine's clocks).
+        offset = time.time() - time.monotonic()
+        ports = {p['device_id']: p for p in self.stack.neutron('GET', '/ports')['ports']}
+        adds = {}
+        for match in ADD_LINE.finditer(self.node.daemon_log()):
+            answered = datetime.datetime.strptime(
+                match['at'], '%Y-%m-%d %H:%M:%S.%f').timestamp() - offset
+            adds.setdefault(match['name'], []).append(
+                (answered - float(match['seconds']), answered))
+        at = {}
+        for name, (uid, sent) in self.sent.items():
+            seen = at[name] = {step: stamp - sent
+                               for step, stamp in self.polled.get(name, {}).items()}
+            port = ports.get(uid)
+            if port is not None:
+                seen['port created'] = _time(port['created_at']) - offset - sent
+                if port['status'] == 'ACTIVE':
+                    seen['ACTIVE'] = _time(port['updated_at']) - offset - sent
+            # This pod's ADD, not an earlier one's of its name (another shape's).
+            answers = [add for add in adds.get(name, ()) if add[0] >= sent]
+            if answers:
+                seen['ADD received'], seen['ADD answered'] = (
+                    stamp - sent for stamp in answers[0])
+        self.polled = {}
         return at
+
+
+# The daemon's log line for a successful ADD (kuryr_cni.daemon.api), local time.
+ADD_LINE = re.compile(r'^(?P<at>\S+ \S+) \d+ INFO kuryr_cni\.daemon\.api \[[^]]*\] ADD pod '
+                      r'default/(?P<name>\S+) container \S+ ifname \S+: success \(code 0\) '
+                      r'in (?P<seconds>[\d.]+) s$', re.MULTILINE)
 
 
 def gate_tier(args):
@@ -377,7 +397,7 @@ def gate_tier(args):
                                 if upstream:
                                     upstream.use(system == 'kuryr-daemon', pods)
                                 run_shape(pods, clock, shape, args.pods, rate,
-                                          GateSteps(stack, pods, clock),
+                                          GateSteps(stack, node, pods, clock),
                                           reporter(results, system, shape))
                     except BaseException:
                         if upstream and upstream.in_use:
