@@ -8,6 +8,7 @@ import re
 import select
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -215,19 +216,60 @@ def sandbox_process(sandbox, pod_uid):
 
 
 class Pinger:
-    """``ping -i 0.1`` of ``address`` from a namespace until stopped; :meth:`stop`
-    returns (sent, lost)."""
+    """``ping -i 0.1`` of ``address`` from a namespace until :meth:`stop`, which
+    returns (sent, lost): the requests sent before the call, those never answered.
+
+    ping itself counts a request still in flight when it is interrupted as lost,
+    so under load a clean run could fail. stop instead waits for the reply to a
+    request sent after it was called (its send time is the reply's time less its
+    round trip), then counts only the unanswered requests up to that one; with no
+    such reply within ``within`` seconds, every unanswered request is lost.
+    """
+
+    REPLY = re.compile(r'^\[(\d+\.\d+)\] .*icmp_seq=(\d+) .*time=([\d.]+) ms')
+    NO_ANSWER = re.compile(r'no answer yet for icmp_seq=(\d+)')
 
     def __init__(self, netns, address):
+        # -D: each line stamped with its time; -O: a line for each request
+        # unanswered when the next is sent.
         self.proc = subprocess.Popen(['ip', 'netns', 'exec', os.path.basename(netns), 'ping',
-                                      '-i', '0.1', '-W', '1', address],
+                                      '-D', '-O', '-i', '0.1', address],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
+        self._lines = []
+        self._changed = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
-    def stop(self):
+    def _read(self):
+        for line in self.proc.stdout:
+            with self._changed:
+                self._lines.append(line)
+                self._changed.notify_all()
+
+    def answered(self):
+        """``{icmp_seq: send time}`` of the requests answered so far."""
+        found = (self.REPLY.search(line) for line in list(self._lines))
+        return {int(m.group(2)): float(m.group(1)) - float(m.group(3)) / 1000
+                for m in found if m}
+
+    def unanswered(self):
+        """The icmp_seq of each request unanswered when the next one was sent."""
+        return {int(m.group(1)) for m in map(self.NO_ANSWER.search, list(self._lines)) if m}
+
+    def stop(self, within=5):
+        called = time.time()
+        with self._changed:
+            caught_up = self._changed.wait_for(
+                lambda: any(sent > called for sent in self.answered().values()), within)
         self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=30)
+        self.proc.wait(30)
+        self._reader.join(30)
+        out = ''.join(self._lines)
         match = re.search(r'(\d+) packets transmitted, (\d+) received', out)
         assert match, out
-        sent, received = int(match.group(1)), int(match.group(2))
-        return sent, sent - received
+        sent, answered = int(match.group(1)), self.answered()
+        if not caught_up:
+            return sent, sent - len(answered)
+        last = max(answered)
+        return last, len(set(range(1, last + 1)) - set(answered))

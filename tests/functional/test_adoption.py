@@ -328,9 +328,9 @@ def test_startup_adopts_keeps_traffic_then_a_new_sandbox_evicts(world, runtime):
     a, b = _hex_sandbox(world), world.sandbox('b')
     world.plant(a)
     with helpers.sandbox_process(a, world.uid):
+        wait.until(lambda: world.pings(a), 20, 'the planted pod to ping')
         pinger = helpers.Pinger(a.netns, GATEWAY)
         try:
-            wait.until(lambda: world.pings(a), 20, 'the planted pod to ping')
             world.start()
             # Noted once recorded and tagged.
             wait.until(lambda: [e for e in adoptions(node) if e['result'] == 'adopted'], 30,

@@ -150,9 +150,9 @@ def _takeover(stack, kuryr, node, pod_host, pods, swap, plugged, capsys):
 
     with helpers.sandbox_process(a, a.pod_uid), helpers.sandbox_process(b, b.pod_uid), \
             helpers.sandbox_process(c, c.pod_uid):
+        wait.until(lambda: pod_host.ping(a.netns, address_b), 30, 'A to reach B', 0.1)
         pinger = helpers.Pinger(a.netns, address_b)
         try:
-            wait.until(lambda: pod_host.ping(a.netns, address_b), 30, 'A to reach B', 0.1)
             swap.to_kuryr_cni()
             # The scan's findings, one per pod: A's and B's adopted, C's left alone.
             wait.until(lambda: len(_adoptions(node)) >= 3, ADOPTED_WITHIN,
