@@ -236,7 +236,7 @@ class Pinger:
                                       '-D', '-O', '-i', '0.1', address],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
-        self._lines = []
+        self.lines = []                     # ping's output so far
         self._changed = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -244,18 +244,18 @@ class Pinger:
     def _read(self):
         for line in self.proc.stdout:
             with self._changed:
-                self._lines.append(line)
+                self.lines.append(line)
                 self._changed.notify_all()
 
     def answered(self):
         """``{icmp_seq: send time}`` of the requests answered so far."""
-        found = (self.REPLY.search(line) for line in list(self._lines))
+        found = (self.REPLY.search(line) for line in list(self.lines))
         return {int(m.group(2)): float(m.group(1)) - float(m.group(3)) / 1000
                 for m in found if m}
 
     def unanswered(self):
         """The icmp_seq of each request unanswered when the next one was sent."""
-        return {int(m.group(1)) for m in map(self.NO_ANSWER.search, list(self._lines)) if m}
+        return {int(m.group(1)) for m in map(self.NO_ANSWER.search, list(self.lines)) if m}
 
     def stop(self, within=5):
         called = time.time()
@@ -265,7 +265,7 @@ class Pinger:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(30)
         self._reader.join(30)
-        out = ''.join(self._lines)
+        out = ''.join(self.lines)
         match = re.search(r'(\d+) packets transmitted, (\d+) received', out)
         assert match, out
         sent, answered = int(match.group(1)), self.answered()
