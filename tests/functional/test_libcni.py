@@ -70,7 +70,9 @@ def world(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def clean(world):
+def clean(world, tmp_path):
+    # tmp_path first, so that it outlives the clean-up DELs: a test's runtime may run
+    # its plugin from there (the recorder), and a passing test's tmp_path is removed.
     yield
     world.clean()
 
