@@ -217,7 +217,8 @@ def sandbox_process(sandbox, pod_uid):
 
 class Pinger:
     """``ping -i 0.1`` of ``address`` from a namespace until :meth:`stop`, which
-    returns (sent, lost): the requests sent before the call, those never answered.
+    returns (sent, lost): how many requests it counted, and how many of them were
+    never answered.
 
     ping itself counts a request still in flight when it is interrupted as lost,
     so under load a clean run could fail. stop instead waits for the reply to a
