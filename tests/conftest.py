@@ -13,7 +13,10 @@ kernel-feature skip that no other tier makes up for fails in CI like any
 other.
 """
 
+import contextlib
+import getpass
 import os
+import tempfile
 
 import pytest
 
@@ -47,6 +50,15 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = ('CI=true: skipping for a missing prerequisite is a failure here '
                            '(only kernel-feature skips the vm tier makes up for stay skips): %s'
                            % skip_reason(report))
+
+
+def pytest_unconfigure(config):
+    # pytest.ini keeps only a failing test's temporary directory; after a run that
+    # kept none, pytest still leaves their parent, empty: remove it too.
+    root = os.path.join(os.environ.get('PYTEST_DEBUG_TEMPROOT') or tempfile.gettempdir(),
+                        'pytest-of-' + getpass.getuser())
+    with contextlib.suppress(OSError):      # not there, or not empty
+        os.rmdir(root)
 
 
 def require_tier(tier, reason):
