@@ -329,8 +329,7 @@ class GateSteps(Steps):
         ports = {p['device_id']: p for p in self.stack.neutron('GET', '/ports')['ports']}
         adds = {}
         for match in ADD_LINE.finditer(self.node.daemon_log()):
-            answered = datetime.datetime.strptime(
-                match['at'], '%Y-%m-%d %H:%M:%S.%f').timestamp() - offset
+            answered = datetime.datetime.strptime(match['at'], LOG_TIME).timestamp() - offset
             adds.setdefault(match['name'], []).append(
                 (answered - float(match['seconds']), answered))
         at = {}
@@ -355,6 +354,7 @@ class GateSteps(Steps):
 ADD_LINE = re.compile(r'^(?P<at>\S+ \S+) \d+ INFO kuryr_cni\.daemon\.api \[[^]]*\] ADD pod '
                       r'default/(?P<name>\S+) container \S+ ifname \S+: success \(code 0\) '
                       r'in (?P<seconds>[\d.]+) s$', re.MULTILINE)
+LOG_TIME = '%Y-%m-%d %H:%M:%S.%f'       # oslo.log's log_date_format, and its msecs
 
 
 def gate_tier(args):

@@ -229,6 +229,7 @@ class Pinger:
 
     REPLY = re.compile(r'^\[(\d+\.\d+)\] .*icmp_seq=(\d+) .*time=([\d.]+) ms')
     NO_ANSWER = re.compile(r'no answer yet for icmp_seq=(\d+)')
+    SUMMARY = re.compile(r'(\d+) packets transmitted, (\d+) received')
 
     def __init__(self, netns, address):
         # -D: each line stamped with its time; -O: a line for each request
@@ -266,9 +267,8 @@ class Pinger:
         self.proc.send_signal(signal.SIGINT)
         self.proc.wait(30)
         self._reader.join(30)
-        out = ''.join(self.lines)
-        match = re.search(r'(\d+) packets transmitted, (\d+) received', out)
-        assert match, out
+        match = self.SUMMARY.search(''.join(self.lines))
+        assert match, ''.join(self.lines)
         sent, answered = int(match.group(1)), self.answered()
         if not caught_up:
             return sent, sent - len(answered)

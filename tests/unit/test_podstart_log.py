@@ -51,7 +51,7 @@ def test_a_successful_add_is_read_with_its_pod_and_duration():
     assert match, line
     assert (match['name'], match['seconds']) == ('gate-7', '1.234'), line
     # The time stamp the tool parses, to the millisecond.
-    assert podstart.datetime.datetime.strptime(match['at'], '%Y-%m-%d %H:%M:%S.%f')
+    assert podstart.datetime.datetime.strptime(match['at'], podstart.LOG_TIME)
 
 
 def test_a_failed_add_is_not_read_as_an_answer():
